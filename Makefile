@@ -1,0 +1,39 @@
+# edgekv's two commands: `make chat` and `make test` (+ `make bench`).
+# Each sets up what it needs on first use (.venv, an editable install, the models) and is
+# cheap to repeat: pip runs again only when pyproject.toml changes, and a model already in
+# the cache (~/.cache/edgekv/models, or $EDGEKV_HOME/models) is not fetched or re-hashed.
+
+PYTHON      ?= python3
+VENV        := .venv
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.edgekv-installed
+MODELS      := smollm2-135m-instruct gemma3-270m
+PYTEST_ARGS ?=
+# Fetch a catalog model by name. Goes through the library until `edgekv pull` lands,
+# then becomes: PULL := $(PY) -m edgekv pull
+PULL        := $(PY) -c 'import sys; from edgekv.catalog import ensure_model; ensure_model(sys.argv[1])'
+
+.PHONY: test chat bench install
+
+test: $(STAMP)
+	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+chat: $(STAMP)
+	$(PULL) $$($(PY) -c 'from edgekv.catalog import default_model_name; print(default_model_name())')
+	$(VENV)/bin/edgekv chat
+
+bench: $(STAMP)
+	@found=0; for script in benchmarks/*.py; do \
+	    [ -e "$$script" ] || continue; found=1; \
+	    echo "== $$script"; $(PY) "$$script" || exit 1; \
+	done; [ $$found = 1 ] || echo "no benchmarks yet: add scripts as benchmarks/*.py"
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e '.[dev]'
+	touch $@

@@ -1,0 +1,38 @@
+"""edgekv's exceptions: one tree under EdgeKVError, raised at the boundary.
+
+Each message names the bad value and what was expected, so the CLI can print it as is.
+Internal invariants use assert, not these.
+"""
+
+
+class EdgeKVError(Exception):
+    """Base of every error edgekv raises on purpose."""
+
+
+class GGUFError(EdgeKVError):
+    """A GGUF file is missing, truncated, corrupt or inconsistent."""
+
+
+class UnsupportedModelError(EdgeKVError):
+    """A well-formed GGUF whose architecture, tokenizer or tensor type edgekv cannot run."""
+
+
+class ModelNotFoundError(EdgeKVError):
+    """`-m NAME` is neither a file nor a catalog entry, or a download failed."""
+
+
+class TokenizerError(EdgeKVError):
+    """Tokenizer metadata is missing or inconsistent, or an id is out of range."""
+
+
+class ContextFullError(EdgeKVError):
+    """The tokens do not fit in the context and the overflow policy says stop."""
+
+    def __init__(self, message: str, n_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_tokens = n_tokens
+        self.n_ctx = n_ctx
+
+
+class ChatTemplateError(EdgeKVError):
+    """A chat template failed to render or tried something the sandbox forbids."""
