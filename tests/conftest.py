@@ -34,3 +34,35 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return _model("gemma3-270m")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str):
+    """Import tools/<name>.py once, by path (tools/ is a folder of scripts, not a package)."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(arch="llama", weight_type="F32", **kw) -> Path of a cached tiny random GGUF."""
+    made: dict = {}
+    folder = tmp_path_factory.mktemp("tiny")
+    make = load_tool("make_tiny_model").make_tiny_model
+
+    def factory(arch: str = "llama", weight_type: str = "F32", **kw) -> Path:
+        key = (arch, weight_type, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = make(folder / f"{arch}-{weight_type}-{len(made)}.gguf", arch=arch, weight_type=weight_type, **kw)
+        return made[key]
+
+    return factory

@@ -1,0 +1,52 @@
+"""Loading a model: GGUF file -> architecture + tokenizer + chat formatter.
+
+`load()` is the lower-level entry point for programs that keep several conversations:
+one `Model` (weights, read-only, shared) and any number of `Session`s from
+`model.session(...)`. The `Llama` facade (llama.py) is built on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from .catalog import resolve_model
+from .chat_format import ChatFormatter
+from .gguf import GGUFFile
+from .models import build_model
+from .session import Session
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("edgekv")
+
+
+class Model:
+    """A loaded model: the network, its hyperparameters, tokenizer and chat template."""
+
+    def __init__(self, path: str | os.PathLike):
+        t0 = time.perf_counter()
+        self.path = str(path)
+        self.gguf = GGUFFile(self.path)
+        self.network = build_model(self.gguf)
+        self.hp = self.network.hp
+        self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
+        self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
+        self.name = str(self.gguf.get("general.name", os.path.basename(self.path)))
+        log.info("loaded %s (%s, %d layers) in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
+                 time.perf_counter() - t0)
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.hp.n_ctx_train
+
+    def session(self, n_ctx: int | None = None, n_batch: int = 512, cache_type_k: str = "f16",
+                cache_type_v: str = "f16") -> Session:
+        """A fresh conversation state; n_ctx defaults to the model's trained context, capped at 4096."""
+        n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
+        return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v)
+
+
+def load(model: str | os.PathLike) -> Model:
+    """Load a model from a GGUF path or a catalog name (fetched on first use)."""
+    return Model(resolve_model(model))

@@ -1,0 +1,202 @@
+"""Shared building blocks of the decoder-only architectures.
+
+What lives here: hyperparameters read from GGUF keys (`HParams`), weight loading with
+shape and type checks before any kernel runs (`WeightLoader`), the per-session scratch
+buffers (`Scratch`), and the blocks every architecture composes (projection, attention
+over the cache, final logits). What does not: an architecture's own graph (one file
+each: llama.py, gemma3.py) and the cache's policies (cache.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cache import KVCache
+from ..errors import GGUFError, UnsupportedModelError
+from ..gguf import GGUFFile
+from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+from ..kernels.matvec import QuantMatrix
+from ..kernels.ops import rms_norm, rope_tables, softcap_inplace
+from ..quants import QUANT_TYPES, dequantize
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # K (and Q) head size
+    head_dim_v: int
+    ff: int
+    n_ctx_train: int
+    norm_eps: float
+    rope_mode: int
+    rope_theta: float
+    rope_dims: int
+    rope_freq_scale: float = 1.0
+    rope_theta_local: float = 0.0  # sliding-window layers' RoPE base (gemma3)
+    window: int = 0  # sliding-window size of local layers, 0 = none
+    local_layers: tuple[bool, ...] = ()
+    attn_scale: float = 0.0
+    embed_scale: float = 1.0
+    final_softcap: float = 0.0
+
+    def __post_init__(self):
+        if not self.local_layers:
+            self.local_layers = (False,) * self.n_layers
+        if not self.attn_scale:
+            self.attn_scale = 1.0 / float(np.sqrt(self.head_dim))
+
+
+def read_int(g: GGUFFile, key: str, default: int | None = None) -> int:
+    value = g.get(key, default)
+    if value is None:
+        g.require(key)
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        raise GGUFError(f"{g.path}: metadata {key!r} = {value!r} is not an integer") from None
+    if value <= 0:
+        raise GGUFError(f"{g.path}: metadata {key!r} = {value} must be positive")
+    return value
+
+
+def read_float(g: GGUFFile, key: str, default: float | None = None) -> float:
+    value = g.get(key, default)
+    if value is None:
+        g.require(key)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise GGUFError(f"{g.path}: metadata {key!r} = {value!r} is not a number") from None
+
+
+class WeightLoader:
+    """Fetches named tensors, checking shape and type before any kernel sees them."""
+
+    def __init__(self, g: GGUFFile):
+        self.g = g
+
+    def _info(self, name: str, shape: tuple[int, ...]):
+        info = self.g.tensor(name)
+        if info.shape != shape:
+            raise GGUFError(f"{self.g.path}: tensor {name!r} has shape {list(info.shape)}, "
+                            f"expected {list(shape)} from the model's hyperparameters")
+        if info.ggml_type not in QUANT_TYPES:
+            supported = ", ".join(q.name for q in QUANT_TYPES.values())
+            raise UnsupportedModelError(f"{self.g.path}: tensor {name!r} has ggml type {info.ggml_type}, "
+                                        f"which edgekv does not support (supported: {supported})")
+        return info
+
+    def has(self, name: str) -> bool:
+        return name in self.g.tensors
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        """A 1-D tensor (norm weights) as float32."""
+        info = self._info(name, (n,))
+        return np.ascontiguousarray(dequantize(info.data, info.ggml_type, (n,)), dtype=np.float32).reshape(n)
+
+    def matrix(self, name: str, n_cols: int, n_rows: int) -> QuantMatrix:
+        """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
+        info = self._info(name, (n_cols, n_rows))
+        return QuantMatrix(info.data, info.ggml_type, n_rows, n_cols)
+
+
+class Scratch:
+    """Every buffer a forward pass writes, made once per session for up to n_batch tokens."""
+
+    def __init__(self, hp: HParams, n_batch: int):
+        q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+        self.x = np.zeros((n_batch, hp.dim), np.float32)  # residual stream
+        self.h = np.zeros((n_batch, hp.dim), np.float32)  # normed input of a block
+        self.o = np.zeros((n_batch, hp.dim), np.float32)  # block output
+        self.q = np.zeros((n_batch, q_dim), np.float32)
+        self.k = np.zeros((n_batch, kv_dim), np.float32)
+        self.v = np.zeros((n_batch, hp.n_kv_heads * hp.head_dim_v), np.float32)
+        self.att = np.zeros((n_batch, hp.n_heads * hp.head_dim_v), np.float32)
+        self.gate = np.zeros((n_batch, hp.ff), np.float32)
+        self.up = np.zeros((n_batch, hp.ff), np.float32)
+        half = hp.rope_dims // 2
+        self.cos = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
+        self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
+        self.n_batch = n_batch
+
+
+BLAS_ATTENTION_MIN_QUERIES = 16  # below this, the per-query Numba kernel is faster
+
+
+def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W^T for x f32[n, n_cols] (matvec for one token, matmul for a chunk)."""
+    if x.shape[0] == 1:
+        w.matvec(x[0], out[0])
+    else:
+        w.matmul(x, out)
+
+
+def attend(hp: HParams, cache: KVCache, layer: int, slots: slice, positions: np.ndarray,
+           q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """Write this chunk's K/V into the cache and attend over everything visible."""
+    n = q.shape[0]
+    cache.write(layer, slots, k.reshape(n, hp.n_kv_heads, hp.head_dim), v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
+    window = hp.window if hp.local_layers[layer] else 0
+    q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
+    if n >= BLAS_ATTENTION_MIN_QUERIES:
+        attention_chunk_blas(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop,
+                             window, hp.attn_scale, out3)
+    else:
+        attention_f16(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop, window,
+                      np.float32(hp.attn_scale), F16_TO_F32, out3)
+
+
+def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,
+              freq_factors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = positions.shape[0]
+    cos, sin = s.cos[kind][:n], s.sin[kind][:n]
+    rope_tables(positions, hp.rope_dims, np.float32(theta), np.float32(hp.rope_freq_scale), freq_factors, cos, sin)
+    return cos, sin
+
+
+def output_logits(hp: HParams, x: np.ndarray, norm_w: np.ndarray, w_out: QuantMatrix,
+                  rows: np.ndarray, logits: np.ndarray) -> None:
+    """logits[j] = W_out @ rms_norm(x[rows[j]]) for the requested rows only."""
+    sel = x[rows]
+    rms_norm(sel, norm_w, np.float32(hp.norm_eps), sel)
+    project(w_out, sel, logits)
+    if hp.final_softcap:
+        softcap_inplace(logits, np.float32(hp.final_softcap))
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray
+    wq: QuantMatrix
+    wk: QuantMatrix
+    wv: QuantMatrix
+    wo: QuantMatrix
+    ffn_norm: np.ndarray
+    w_gate: QuantMatrix
+    w_up: QuantMatrix
+    w_down: QuantMatrix
+    extra: dict = field(default_factory=dict)  # architecture-specific norms
+
+
+def load_layer(w: WeightLoader, hp: HParams, i: int, extra_vectors: dict[str, int]) -> LayerWeights:
+    p = f"blk.{i}."
+    q_dim, k_dim, v_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim_v
+    return LayerWeights(
+        attn_norm=w.vector(p + "attn_norm.weight", hp.dim),
+        wq=w.matrix(p + "attn_q.weight", hp.dim, q_dim),
+        wk=w.matrix(p + "attn_k.weight", hp.dim, k_dim),
+        wv=w.matrix(p + "attn_v.weight", hp.dim, v_dim),
+        wo=w.matrix(p + "attn_output.weight", hp.n_heads * hp.head_dim_v, hp.dim),
+        ffn_norm=w.vector(p + "ffn_norm.weight", hp.dim),
+        w_gate=w.matrix(p + "ffn_gate.weight", hp.dim, hp.ff),
+        w_up=w.matrix(p + "ffn_up.weight", hp.dim, hp.ff),
+        w_down=w.matrix(p + "ffn_down.weight", hp.ff, hp.dim),
+        extra={name: w.vector(p + name + ".weight", n) for name, n in extra_vectors.items()},
+    )

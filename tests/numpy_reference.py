@@ -1,0 +1,96 @@
+"""A slow, obviously correct float64 NumPy forward pass of the supported architectures.
+
+Tests compare edgekv's kernels against it on tiny random models: it reads the same GGUF
+through `gguf.quants.dequantize` (the format's reference), recomputes the whole prompt
+at every call, and shares no code with edgekv's models beyond the hyperparameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from edgekv.gguf import GGUFFile
+from edgekv.models import build_model
+
+
+def _weights(g: GGUFFile) -> dict[str, np.ndarray]:
+    out = {}
+    for name, t in g.tensors.items():
+        w = dequantize(np.asarray(t.data), GGMLQuantizationType(t.ggml_type))
+        out[name] = np.asarray(w, np.float64).reshape(tuple(reversed(t.shape)))
+    return out
+
+
+class ReferenceModel:
+    def __init__(self, path):
+        g = GGUFFile(path)
+        self.hp = build_model(g).hp
+        self.w = _weights(g)
+
+    def _rms(self, x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.hp.norm_eps) * w
+
+    def _rope(self, x, pos, theta):
+        hp = self.hp
+        half = hp.rope_dims // 2
+        inv = hp.rope_freq_scale * theta ** (-np.arange(half) * 2.0 / hp.rope_dims)
+        ang = pos[:, None, None] * inv[None, None, :]
+        c, s = np.cos(ang), np.sin(ang)
+        out = x.copy()
+        if hp.rope_mode == 2:  # NEOX: halves
+            a, b = x[..., :half], x[..., half : 2 * half]
+            out[..., :half], out[..., half : 2 * half] = a * c - b * s, a * s + b * c
+        else:  # NORM: adjacent pairs
+            a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+            out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = a * c - b * s, a * s + b * c
+        return out
+
+    def _attention(self, q, k, v, pos, window):
+        hp = self.hp
+        n, group = q.shape[0], hp.n_heads // hp.n_kv_heads
+        out = np.zeros((n, hp.n_heads, hp.head_dim_v))
+        delta = pos[:, None] - pos[None, :]
+        visible = delta >= 0
+        if window:
+            visible &= delta < window
+        for h in range(hp.n_heads):
+            s = q[:, h] @ k[:, h // group].T * hp.attn_scale
+            s = np.where(visible, s, -np.inf)
+            p = np.exp(s - s.max(1, keepdims=True))
+            out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // group]
+        return out.reshape(n, -1)
+
+    def logits(self, tokens) -> np.ndarray:
+        """float64 logits [len(tokens), n_vocab] for positions 0..len-1."""
+        hp, w = self.hp, self.w
+        n, pos = len(tokens), np.arange(len(tokens), dtype=np.float64)
+        gemma = hp.arch == "gemma3"
+        x = w["token_embd.weight"][np.asarray(tokens)] * (hp.embed_scale if gemma else 1.0)
+        for i in range(hp.n_layers):
+            p = f"blk.{i}."
+            h = self._rms(x, w[p + "attn_norm.weight"])
+            q = (h @ w[p + "attn_q.weight"].T).reshape(n, hp.n_heads, hp.head_dim)
+            k = (h @ w[p + "attn_k.weight"].T).reshape(n, hp.n_kv_heads, hp.head_dim)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(n, hp.n_kv_heads, hp.head_dim_v)
+            if gemma:
+                q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
+            local = hp.local_layers[i]
+            theta = hp.rope_theta_local if local else hp.rope_theta
+            q, k = self._rope(q, pos, theta), self._rope(k, pos, theta)
+            o = self._attention(q, k, v, pos, hp.window if local else 0) @ w[p + "attn_output.weight"].T
+            x = x + (self._rms(o, w[p + "post_attention_norm.weight"]) if gemma else o)
+            h = self._rms(x, w[p + "ffn_norm.weight"])
+            a, b = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+            if gemma:
+                act = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
+            else:
+                act = a / (1 + np.exp(-a))
+            f = (act * b) @ w[p + "ffn_down.weight"].T
+            x = x + (self._rms(f, w[p + "post_ffw_norm.weight"]) if gemma else f)
+        out_w = w.get("output.weight", w["token_embd.weight"])
+        logits = self._rms(x, w["output_norm.weight"]) @ out_w.T
+        if hp.final_softcap:
+            logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
+        return logits

@@ -1,0 +1,96 @@
+"""Element-wise kernels and attention against straightforward NumPy versions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgekv.kernels import ops
+from edgekv.kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+
+RTOL = 2e-5  # float32 kernels vs float64 NumPy
+rng = np.random.default_rng(0)
+
+
+def test_rms_norm():
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    w = rng.normal(size=64).astype(np.float32)
+    out = np.empty_like(x)
+    ops.rms_norm(x, w, np.float32(1e-5), out)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=1e-6)
+
+
+def test_rms_norm_heads_in_place():
+    x = rng.normal(size=(3, 4, 16)).astype(np.float32)
+    w = rng.normal(size=16).astype(np.float32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    ops.rms_norm_heads(x, w, np.float32(1e-6))
+    np.testing.assert_allclose(x, ref, rtol=RTOL, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [ops.ROPE_NORM, ops.ROPE_NEOX])
+def test_rope_matches_rotation_of_pairs(mode):
+    n, heads, hd, base = 6, 3, 16, 10000.0
+    pos = np.array([0, 1, 2, 7, 100, 4095], np.int32)
+    x = rng.normal(size=(n, heads, hd)).astype(np.float32)
+    cos = np.empty((n, hd // 2), np.float32)
+    sin = np.empty_like(cos)
+    ops.rope_tables(pos, hd, np.float32(base), np.float32(1.0), np.ones(hd // 2, np.float32), cos, sin)
+    y = x.copy()
+    ops.rope_apply(y, cos, sin, mode)
+    ang = pos[:, None, None] * base ** (-np.arange(hd // 2) * 2.0 / hd)
+    if mode == ops.ROPE_NEOX:
+        a, b, ia, ib = x[..., : hd // 2], x[..., hd // 2 :], slice(0, hd // 2), slice(hd // 2, hd)
+    else:
+        a, b, ia, ib = x[..., 0::2], x[..., 1::2], slice(0, hd, 2), slice(1, hd, 2)
+    np.testing.assert_allclose(y[..., ia], a * np.cos(ang) - b * np.sin(ang), atol=2e-4)
+    np.testing.assert_allclose(y[..., ib], a * np.sin(ang) + b * np.cos(ang), atol=2e-4)
+
+
+def test_activations():
+    g = rng.normal(size=(4, 32)).astype(np.float32) * 3
+    u = rng.normal(size=(4, 32)).astype(np.float32)
+    s, e = g.copy(), g.copy()
+    ops.silu_mul(s, u)
+    ops.gelu_mul(e, u)
+    g64 = g.astype(np.float64)
+    np.testing.assert_allclose(s, g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
+    gelu = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3)))
+    np.testing.assert_allclose(e, gelu * u, rtol=1e-5, atol=1e-6)
+
+
+def reference_attention(q, q_pos, k, v, slot_pos, window, scale):
+    n, heads, _ = q.shape
+    group = heads // k.shape[0]
+    out = np.zeros((n, heads, v.shape[2]))
+    for t in range(n):
+        vis = (slot_pos >= 0) & (slot_pos <= q_pos[t])
+        if window:
+            vis &= q_pos[t] - slot_pos < window
+        for h in range(heads):
+            s = k[h // group, vis].astype(np.float64) @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p @ v[h // group, vis] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["numba", "blas"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_gqa_masks_and_scattered_slots(kernel, window):
+    n_kv, heads, hd, cap = 2, 6, 16, 24
+    k = rng.normal(size=(n_kv, cap, hd)).astype(np.float16)
+    v = rng.normal(size=(n_kv, cap, hd)).astype(np.float16)
+    slot_pos = np.full(cap, -1, np.int32)
+    slot_pos[:20] = rng.permutation(20)  # live slots in any order, as in a wrapped ring
+    q_pos = np.array([12, 15, 19], np.int32)
+    q = rng.normal(size=(3, heads, hd)).astype(np.float32)
+    out = np.zeros((3, heads, hd), np.float32)
+    ku, vu = k.view(np.uint16), v.view(np.uint16)
+    if kernel == "numba":
+        attention_f16(q, q_pos, ku, vu, slot_pos, cap, window, np.float32(0.25), F16_TO_F32, out)
+    else:
+        attention_chunk_blas(q, q_pos, ku, vu, slot_pos, cap, window, 0.25, out)
+    ref = reference_attention(q, q_pos, k.astype(np.float32), v.astype(np.float32), slot_pos, window, 0.25)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
