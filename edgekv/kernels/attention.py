@@ -1,10 +1,12 @@
-"""Attention over the KV cache: GQA, causal and sliding-window masks, online softmax.
+"""Attention over the KV cache: GQA, causal and sliding-window masks.
 
 K and V are stored as IEEE half bit patterns (uint16) because Numba has no float16
-type; a 65,536-entry table turns them back into float32. Scores and the weighted sum
-accumulate in float32 with a running max (online softmax), so no score matrix is
-materialised. Slots are visited in storage order: positions are already baked into K by
-RoPE, so only the masks read `slot_pos`.
+type; a 65,536-entry table turns them back into float32. The arithmetic follows
+llama.cpp's CPU attention (no flash attention), because these small models are
+sensitive enough that its roundings decide greedy tokens: Q is rounded to f16 before
+the Q·K dot (ggml converts it to K's type), scores and softmax are float32, and the
+normalised probabilities are rounded to f16 before they weight V. Slots are visited in
+storage order: positions are baked into K by RoPE, so only the masks read `slot_pos`.
 """
 
 from __future__ import annotations
@@ -14,73 +16,120 @@ import math
 import numba as nb
 import numpy as np
 
-from .config import PARALLEL_FLAGS
+from .config import EXACT_FLAGS, PARALLEL_FLAGS
+from .fp16 import round_f16
+from .ggml_math import v_expf
 
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+@nb.njit(**EXACT_FLAGS)
+def softmax_numerators(row, n, m):
+    # row[:n] <- exp(row - m) (0 where -inf); returns their sum as ggml_vec_soft_max_f32
+    # does on AVX-512: groups of 16 lanes, each reduced in float32 by a halving tree
+    # (lanes i + i+8, then i + i+4, then (0+2)+(1+3)), the group sums added in float64
+    total = 0.0
+    lanes = np.empty(16, np.float32)
+    for base in range(0, n, 16):
+        for i in range(16):
+            s = base + i
+            if s < n and row[s] != -np.inf:
+                row[s] = v_expf(row[s] - m)
+                lanes[i] = row[s]
+            else:
+                if s < n:
+                    row[s] = 0.0
+                lanes[i] = 0.0
+        for i in range(8):
+            lanes[i] = lanes[i] + lanes[i + 8]
+        for i in range(4):
+            lanes[i] = lanes[i] + lanes[i + 4]
+        total += np.float64(np.float32(lanes[0] + lanes[2]) + np.float32(lanes[1] + lanes[3]))
+    return total
+
+
 @nb.njit(**PARALLEL_FLAGS)
-def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, lut, out):
-    # q: f32[n, n_heads, hd_k]; q_pos: i32[n]
+def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, lut, scores, out):
+    # q: f32[n, n_heads, hd_k] (rounded to f16 in place); q_pos: i32[n]
     # k_cache: u16[n_kv, cap, hd_k]; v_cache: u16[n_kv, cap, hd_v]; slot_pos: i32[cap] (-1 = empty)
-    # out: f32[n, n_heads, hd_v]; a slot is visible to query t if 0 <= pos <= q_pos[t]
-    # and (window == 0 or q_pos[t] - pos < window)
+    # scores: f32[>= n * n_heads, >= n_slots] scratch; out: f32[n, n_heads, hd_v]
+    # slot s is visible to query t if 0 <= pos <= q_pos[t] and (window == 0 or q_pos[t] - pos < window)
     n, n_heads, hd_k = q.shape
     hd_v = v_cache.shape[2]
     group = n_heads // k_cache.shape[0]
     for job in nb.prange(n * n_heads):
-        t = job // n_heads
-        h = job % n_heads
-        kvh = h // group
-        qp = q_pos[t]
+        t, h = job // n_heads, job % n_heads
+        kvh, qp = h // group, q_pos[t]
+        for i in range(hd_k):
+            q[t, h, i] = round_f16(q[t, h, i])
+        row = scores[job]
         m = -np.inf
-        denom = np.float32(0.0)
-        acc = out[t, h]  # accumulate in place: no allocation per query
-        acc[:] = 0.0
         for s in range(n_slots):
             p = slot_pos[s]
             if p < 0 or p > qp or (window > 0 and qp - p >= window):
+                row[s] = -np.inf
                 continue
             dot = np.float32(0.0)
             for i in range(hd_k):
                 dot += q[t, h, i] * lut[k_cache[kvh, s, i]]
-            dot *= scale
-            if dot > m:
-                corr = math.exp(m - dot) if m != -np.inf else np.float32(0.0)
-                denom *= corr
+            row[s] = dot * scale
+            m = max(m, row[s])
+        denom = softmax_numerators(row, n_slots, m)
+        acc = out[t, h]
+        acc[:] = 0.0
+        inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
+        for s in range(n_slots):
+            if row[s] != 0.0:
+                w = round_f16(row[s] * inv)
                 for i in range(hd_v):
-                    acc[i] *= corr
-                m = dot
-            w = math.exp(dot - m)
-            denom += w
-            for i in range(hd_v):
-                acc[i] += w * lut[v_cache[kvh, s, i]]
-        inv = np.float32(1.0) / denom if denom > 0 else np.float32(0.0)
-        for i in range(hd_v):
-            acc[i] *= inv
+                    acc[i] += w * lut[v_cache[kvh, s, i]]
+
+
+@nb.njit(**PARALLEL_FLAGS)
+def round_f16_inplace(x):
+    # x: f32[n, m] <- nearest f16 values (ggml converts Q to K's type before the dot)
+    for i in nb.prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[i, j] = round_f16(x[i, j])
+
+
+@nb.njit(**PARALLEL_FLAGS)
+def masked_softmax_f16(scores, group, q_pos, slot_pos, window, scale):
+    # scores: f32[n * group, n_slots] raw Q.K (row r is query r // group) -> f16-rounded
+    # softmax probabilities, with the same masks and arithmetic as attention_f16
+    n_rows, n_slots = scores.shape
+    for r in nb.prange(n_rows):
+        qp = q_pos[r // group]
+        row = scores[r]
+        m = -np.inf
+        for s in range(n_slots):
+            p = slot_pos[s]
+            if p < 0 or p > qp or (window > 0 and qp - p >= window):
+                row[s] = -np.inf
+            else:
+                row[s] = row[s] * scale
+                m = max(m, row[s])
+        denom = softmax_numerators(row, n_slots, m)
+        inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
+        for s in range(n_slots):
+            row[s] = round_f16(row[s] * inv)
 
 
 def attention_chunk_blas(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, out):
-    """Prefill attention for a chunk of queries through BLAS matrix products.
+    """Prefill attention for a chunk of queries: the two products through BLAS.
 
-    Same contract as `attention_f16`. For many queries the score matrix per KV head
-    ([n * group, n_slots] floats) is small enough to materialise, and two GEMMs beat a
-    per-query loop by an order of magnitude.
+    Same contract and roundings as `attention_f16` (q is rounded to f16 in place). For
+    many queries the score matrix per KV head ([n * group, n_slots] floats) is small
+    enough to materialise, and two GEMMs beat a per-query loop by an order of magnitude.
     """
     n, n_heads, hd_k = q.shape
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
-    pos = slot_pos[:n_slots]
-    visible = (pos[None, :] >= 0) & (pos[None, :] <= q_pos[:, None])  # [n, n_slots]
-    if window > 0:
-        visible &= (q_pos[:, None] - pos[None, :]) < window
-    bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))[:, None, :]  # [n, 1, n_slots]
+    round_f16_inplace(q.reshape(n, n_heads * hd_k))
     for g in range(n_kv):
         kf = F16_TO_F32[k_cache[g, :n_slots]]  # [n_slots, hd_k]
         vf = F16_TO_F32[v_cache[g, :n_slots]]  # [n_slots, hd_v]
         qg = q[:, g * group : (g + 1) * group, :].reshape(n * group, hd_k)
-        scores = (qg @ kf.T).reshape(n, group, n_slots) * np.float32(scale) + bias
-        scores -= scores.max(axis=2, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=2, keepdims=True)
-        out[:, g * group : (g + 1) * group, :] = (scores.reshape(n * group, n_slots) @ vf).reshape(n, group, -1)
+        scores = qg @ kf.T  # [n * group, n_slots]
+        masked_softmax_f16(scores, group, q_pos, slot_pos, window, np.float32(scale))
+        out[:, g * group : (g + 1) * group, :] = (scores @ vf).reshape(n, group, -1)

@@ -2,9 +2,9 @@
 
 Each public kernel works in place or into a caller-owned buffer (no allocation), on
 float32 rows shaped [n_tok, ...]. Numerics follow ggml where it matters for matching
-llama.cpp: RMS norm sums squares in float64, RoPE advances theta by repeated float32
-multiplication, GELU is the tanh approximation. Matrix products live in matvec.py,
-attention in attention.py.
+llama.cpp: RMS norm sums float32 squares in float64, RoPE advances theta by repeated
+float32 multiplication, GELU uses ggml's f16 table (ggml_math.py).
+Matrix products live in matvec.py, attention in attention.py.
 """
 
 from __future__ import annotations
@@ -14,26 +14,33 @@ import math
 import numba as nb
 import numpy as np
 
-from .config import JIT_FLAGS, PARALLEL_FLAGS
+from .config import EXACT_FLAGS, JIT_FLAGS, PARALLEL_FLAGS
+from .fp16 import f32_to_f16
 
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama GGUFs (Q/K permuted at conversion)
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n_rot/2]): gemma, qwen2, ...
 
-_GELU_COEF_A = np.float32(0.044715)
-_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _rms_scale(row, eps):
+    # ggml_compute_forward_rms_norm_f32: squares in float32, summed in float64, then
+    # mean, +eps, sqrt and reciprocal in float32 (bit-exact with llama.cpp matters: see attention.py)
+    acc = 0.0
+    for i in range(row.shape[0]):
+        acc += np.float64(row[i] * row[i])
+    mean = np.float32(acc / row.shape[0])
+    return np.float32(1.0) / np.float32(math.sqrt(np.float32(mean + eps)))
 
 
 @nb.njit(**PARALLEL_FLAGS)
 def rms_norm(x, weight, eps, out):
-    # x: f32[n, d], weight: f32[d], out: f32[n, d] (may alias x)
+    # x: f32[n, d], weight: f32[d], out: f32[n, d] (may alias x); out = (x * scale) * weight
     n, d = x.shape
     for t in nb.prange(n):
-        acc = 0.0  # float64, as ggml_float
+        scale = _rms_scale(x[t], eps)
         for i in range(d):
-            acc += np.float64(x[t, i]) * np.float64(x[t, i])
-        scale = np.float32(1.0 / math.sqrt(acc / d + eps))
-        for i in range(d):
-            out[t, i] = x[t, i] * scale * weight[i]
+            out[t, i] = (x[t, i] * scale) * weight[i]
 
 
 @nb.njit(**PARALLEL_FLAGS)
@@ -42,12 +49,9 @@ def rms_norm_heads(x, weight, eps):
     n, n_heads, hd = x.shape
     for t in nb.prange(n):
         for h in range(n_heads):
-            acc = 0.0
+            scale = _rms_scale(x[t, h], eps)
             for i in range(hd):
-                acc += np.float64(x[t, h, i]) * np.float64(x[t, h, i])
-            scale = np.float32(1.0 / math.sqrt(acc / hd + eps))
-            for i in range(hd):
-                x[t, h, i] = x[t, h, i] * scale * weight[i]
+                x[t, h, i] = (x[t, h, i] * scale) * weight[i]
 
 
 @nb.njit(**JIT_FLAGS)
@@ -91,18 +95,23 @@ def silu_mul(gate, up):
     for t in nb.prange(n):
         for i in range(ff):
             g = gate[t, i]
-            gate[t, i] = g / (np.float32(1.0) + math.exp(-g)) * up[t, i]
+            gate[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, i]
 
 
 @nb.njit(**PARALLEL_FLAGS)
-def gelu_mul(gate, up):
-    # gate, up: f32[n, ff]; gate <- gelu_tanh(gate) * up
+def gelu_mul(gate, up, table):
+    # gate, up: f32[n, ff]; gate <- gelu(gate) * up via ggml's f16 GELU table
+    # (ggml_vec_geglu_f32 with GGML_GELU_FP16); table: f32[65536] = GELU_F16_TABLE
     n, ff = gate.shape
     for t in nb.prange(n):
         for i in range(ff):
             g = gate[t, i]
-            inner = _SQRT_2_OVER_PI * g * (np.float32(1.0) + _GELU_COEF_A * g * g)
-            gate[t, i] = np.float32(0.5) * g * (np.float32(1.0) + math.tanh(inner)) * up[t, i]
+            if g <= -10.0:
+                gate[t, i] = 0.0
+            elif g >= 10.0:
+                gate[t, i] = g * up[t, i]
+            else:
+                gate[t, i] = table[f32_to_f16(g)] * up[t, i]
 
 
 @nb.njit(**JIT_FLAGS)

@@ -125,6 +125,14 @@ class Scratch:
         self.cos = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
         self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
         self.n_batch = n_batch
+        self._scores = np.zeros((0, 0), np.float32)
+
+    def attn_scores(self, rows: int, capacity: int) -> np.ndarray:
+        """Score rows for the per-query attention kernel, grown once to the largest need."""
+        if self._scores.shape[0] < rows or self._scores.shape[1] < capacity:
+            self._scores = np.zeros((max(rows, self._scores.shape[0]), max(capacity, self._scores.shape[1])),
+                                    np.float32)
+        return self._scores
 
 
 BLAS_ATTENTION_MIN_QUERIES = 16  # below this, the per-query Numba kernel is faster
@@ -138,19 +146,21 @@ def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
         w.matmul(x, out)
 
 
-def attend(hp: HParams, cache: KVCache, layer: int, slots: slice, positions: np.ndarray,
-           q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
-    """Write this chunk's K/V into the cache and attend over everything visible."""
+def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, slots: slice, positions: np.ndarray,
+           q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, scale: float) -> None:
+    """Write this chunk's K/V into the cache and attend over everything visible;
+    scores are (q . k) * scale."""
     n = q.shape[0]
     cache.write(layer, slots, k.reshape(n, hp.n_kv_heads, hp.head_dim), v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
     window = hp.window if hp.local_layers[layer] else 0
     q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
     if n >= BLAS_ATTENTION_MIN_QUERIES:
         attention_chunk_blas(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop,
-                             window, hp.attn_scale, out3)
+                             window, scale, out3)
     else:
+        scores = s.attn_scores(n * hp.n_heads, cache.capacity)
         attention_f16(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop, window,
-                      np.float32(hp.attn_scale), F16_TO_F32, out3)
+                      np.float32(scale), F16_TO_F32, scores, out3)
 
 
 def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf import GGUFFile
+from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
 from .base import HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project, read_float, read_int
 
@@ -86,14 +87,15 @@ class Gemma3Model:
             rms_norm_heads(k3, L.extra["attn_k_norm"], eps)
             rope_apply(q3, cos, sin, hp.rope_mode)
             rope_apply(k3, cos, sin, hp.rope_mode)
-            attend(hp, cache, il, slots, positions, q, k, v, att)
+            q *= np.float32(hp.attn_scale)  # before attention, as llama.cpp does (it rounds Q to f16)
+            attend(hp, cache, s, il, slots, positions, q, k, v, att, 1.0)
             project(L.wo, att, o)
             rms_norm(o, L.extra["post_attention_norm"], eps, o)
             add_inplace(x, o)
             rms_norm(x, L.ffn_norm, eps, h)
             project(L.w_gate, h, gate)
             project(L.w_up, h, up)
-            gelu_mul(gate, up)
+            gelu_mul(gate, up, GELU_F16_TABLE)
             project(L.w_down, gate, o)
             rms_norm(o, L.extra["post_ffw_norm"], eps, o)
             add_inplace(x, o)

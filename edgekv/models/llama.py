@@ -76,7 +76,7 @@ class LlamaModel:
             project(L.wv, h, v)
             rope_apply(q.reshape(n, hp.n_heads, hp.head_dim), cos, sin, hp.rope_mode)
             rope_apply(k.reshape(n, hp.n_kv_heads, hp.head_dim), cos, sin, hp.rope_mode)
-            attend(hp, cache, il, slots, positions, q, k, v, att)
+            attend(hp, cache, s, il, slots, positions, q, k, v, att, hp.attn_scale)
             project(L.wo, att, o)
             add_inplace(x, o)
             rms_norm(x, L.ffn_norm, eps, h)

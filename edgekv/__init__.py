@@ -1,0 +1,53 @@
+"""edgekv: run GGUF language models on CPUs and edge devices, with a ring-buffer KV cache.
+
+The public surface: `Llama` (llama-cpp-python's high-level API), `load` (one model, many
+sessions), and the exceptions, all under `EdgeKVError`. Everything else is importable from
+its module but not promised to stay put.
+
+`Llama`, `LlamaState`, `Model` and `load` are imported on first use (PEP 562), so that
+`import edgekv.tokenizer` or `edgekv list` does not pay for Numba and the kernels.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ChatTemplateError,
+    ContextFullError,
+    EdgeKVError,
+    GGUFError,
+    ModelNotFoundError,
+    TokenizerError,
+    UnsupportedModelError,
+)
+
+if TYPE_CHECKING:
+    from .llama import Llama, LlamaState
+    from .loader import Model, load
+
+try:
+    __version__ = _metadata.version("edgekv")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_LAZY = {"Llama": "llama", "LlamaState": "llama", "Model": "loader", "load": "loader"}
+
+__all__ = [
+    "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "Llama", "LlamaState", "Model",
+    "ModelNotFoundError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'edgekv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,101 @@
+"""Options the edgekv commands share (model, context, threads, sampling) and small output helpers.
+
+What lives here: adding those options to a subparser with llama.cpp's flag names, building a
+`Llama` from them, and formatting generation statistics. What does not: any command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..llama import GenerationStats, Llama
+
+
+def ctx_size(text: str) -> int | str:
+    """-c: a positive integer or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser, model_required: bool = True, ctx_default: int | str = "auto",
+                      ctx_auto: bool = True) -> None:
+    """-m, -c, -b, -t, -ctk, -ctv; ctx_auto=False: -c must be a number."""
+    p.add_argument("-m", "--model", required=model_required,
+                   help="GGUF file or catalog name (see `edgekv list`)" +
+                   ("" if model_required else "; default: the catalog's default model"))
+    auto = ", or 'auto'" if ctx_auto else ""
+    p.add_argument("-c", "--ctx-size", type=ctx_size if ctx_auto else positive_int, default=ctx_default,
+                   help=f"context size in tokens{auto} (default: {ctx_default})")
+    p.add_argument("-b", "--batch-size", type=positive_int, default=512, help="prompt chunk size (default: 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1) -> None:
+    """-n, --temp, --top-k, --top-p, --min-p, penalties, --seed (llama.cpp's defaults)."""
+    p.add_argument("-n", "--n-predict", type=int, default=n_predict_default,
+                   help=f"tokens to generate, -1 = until the end of the text or a full context "
+                        f"(default: {n_predict_default})")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature, <= 0 is greedy (default: 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k sampling, <= 0 = off (default: 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling, 1.0 = off (default: 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling, 0.0 = off (default: 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty, 1.0 = off (default: 1.0)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the penalties look back over, -1 = all (default: 64)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="(default: 0.0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="(default: 0.0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, -1 = random (default: 0, runs repeat)")
+
+
+def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
+    from ..llama import Llama
+
+    return Llama(model or args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
+                 seed=args.seed if hasattr(args, "seed") else 0, cache_type_k=args.cache_type_k,
+                 cache_type_v=args.cache_type_v)
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    """create_completion / create_chat_completion keywords from the sampling options."""
+    return dict(max_tokens=args.n_predict if args.n_predict > 0 else None, temperature=args.temp,
+                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                seed=args.seed)
+
+
+def print_stats(stats: "GenerationStats", llm: "Llama", compact: bool = False) -> None:
+    """Prompt and generation speed (and KV fill) on stderr."""
+    fill = f"KV {llm.n_tokens}/{llm.n_ctx()}"
+    prompt = f"{stats.prompt_eval_tokens} tokens, {stats.prompt_eval_s:.2f} s, {stats.prompt_tokens_per_s:.1f} tokens/s"
+    gen = f"{stats.gen_tokens} tokens, {stats.gen_s:.2f} s, {stats.gen_tokens_per_s:.1f} tokens/s"
+    if compact:
+        print(f"[{stats.gen_tokens_per_s:.1f} tokens/s, {stats.gen_tokens} tokens; prompt: "
+              f"{stats.prompt_eval_tokens} new tokens at {stats.prompt_tokens_per_s:.1f} tokens/s; {fill}]",
+              file=sys.stderr, flush=True)
+        return
+    reused = stats.prompt_tokens - stats.prompt_eval_tokens
+    print(f"\nprompt eval: {prompt}" + (f" ({reused} reused)" if reused > 0 else ""), file=sys.stderr)
+    print(f"generation:  {gen}", file=sys.stderr)
+    print(f"context:     {fill}", file=sys.stderr, flush=True)

@@ -1,0 +1,70 @@
+"""`edgekv run`: complete one prompt, streaming the text to stdout and the timings to stderr.
+
+What lives here: the command's options (llama.cpp's `-p`, `-f`, `-e`, `-n`, ...) and its
+loop. What does not: generation itself (llama.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from ..errors import EdgeKVError
+from .common import add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
+
+# llama.cpp's string_process_escapes: \n \r \t \' \" \\ and \xNN
+_ESCAPE = re.compile(rb"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)
+_SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("run", parents=[common], help="complete a prompt",
+                       description="Complete a prompt, streaming the text to stdout; timings go to stderr.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("-p", "--prompt", help="the prompt text")
+    source.add_argument("-f", "--file", help="read the prompt from this file")
+    add_model_options(p)
+    add_sampling_options(p)
+    p.add_argument("-e", "--escape", action=argparse.BooleanOptionalAction, default=True,
+                   help="process escapes (\\n, \\t, \\xNN, ...) in the prompt (default: on, as in llama.cpp)")
+    p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    p.set_defaults(handler=run)
+
+
+def process_escapes(text: str) -> str:
+    """Replace llama.cpp's escape sequences; an unknown one is kept as written. \\xNN is a
+    byte, so \\xC3\\xA9 is 'é' (bytes that are not UTF-8 become U+FFFD)."""
+    def one(match: re.Match) -> bytes:
+        code = match.group(1)
+        if code[:1] == b"x" and len(code) == 3:
+            return bytes([int(code[1:], 16)])
+        return _SIMPLE.get(code, match.group(0))
+
+    return _ESCAPE.sub(one, text.encode("utf-8", "surrogatepass")).decode("utf-8", errors="replace")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EdgeKVError(f"cannot read the prompt file {args.file}: {exc}") from exc
+    return process_escapes(args.prompt) if args.escape else args.prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args)
+    llm = make_llama(args)
+    chunks = llm.create_completion(prompt, stream=True, echo=args.echo, **sampling_kwargs(args))
+    try:
+        for chunk in chunks:
+            sys.stdout.write(chunk["choices"][0]["text"])
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print_stats(llm.last_stats, llm)
+    return 0

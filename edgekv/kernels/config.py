@@ -1,0 +1,106 @@
+"""JIT settings shared by every Numba kernel, and the thread count.
+
+What lives here: the flag sets kernels are compiled with and `set_num_threads`.
+What does not: any kernel.
+
+Three flag sets, chosen per kernel:
+- EXACT_FLAGS: no fast-math at all. Quantizers and activation quantization use it:
+  ggml's rounding is reproduced bit for bit only if `x * (1/d)` stays a multiply by
+  a reciprocal and `a*b + c` is not fused into an FMA.
+- JIT_FLAGS: fast-math without `nnan`/`ninf`, so reassociation, FMA contraction and
+  reciprocal tricks are allowed (they let LLVM vectorize reductions) while an inf or
+  NaN that reaches a kernel still propagates instead of being assumed away.
+- PARALLEL_FLAGS: JIT_FLAGS + `parallel=True`, for kernels whose outer loop is a
+  `prange` over independent rows or row groups.
+
+Every set caches the machine code on disk (`cache=True`), next to the module in
+`__pycache__`, so only the first import on a machine pays for compilation. Set
+EDGEKV_NUMBA_CACHE=0 to compile in memory only (e.g. on a read-only install).
+Numba checks only the source file of the function it loads, although callees from
+other modules are compiled into it; so when any edgekv module with Numba code changes,
+`purge_stale_cache` (run at import) drops every cached kernel of the package, and the
+next calls recompile instead of running stale inlined code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+# Idle OpenMP workers sleep instead of spinning. Decode launches a parallel region per
+# matrix (hundreds per token) and prefill alternates them with OpenBLAS's own threads;
+# spinning workers then fight those threads, or any other busy process, for the cores,
+# and on a 2-core machine with one other busy process a region that should take 20 us
+# took 4-8 ms (a scheduler tick), a decode step 100x its normal time. Sleeping costs a
+# wake-up per region (10-30 us measured), which PARALLEL_MIN_WEIGHTS below keeps off
+# small products. Read once, when Numba first loads its OpenMP layer; export
+# OMP_WAIT_POLICY=ACTIVE to spin on a machine that runs nothing else.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numba  # noqa: E402  (after the environment default above)
+
+CACHE = os.environ.get("EDGEKV_NUMBA_CACHE", "1") != "0"
+_PACKAGE = Path(__file__).resolve().parents[1]
+_STAMP = _PACKAGE / "kernels" / "__pycache__" / "numba-sources.stamp"
+
+
+def purge_stale_cache(package: Path = _PACKAGE, stamp: Path = _STAMP) -> bool:
+    """Delete the package's cached kernels if a module with Numba code changed; True if it did."""
+    try:
+        sources = sorted(p for p in package.rglob("*.py") if "numba" in p.read_text(errors="ignore"))
+        key = hashlib.sha1("".join(f"{p.relative_to(package)}:{p.stat().st_mtime_ns}:{p.stat().st_size};"
+                                   for p in sources).encode()).hexdigest()
+        if stamp.is_file() and stamp.read_text() == key:
+            return False
+        for cached in list(package.rglob("__pycache__/*.nbi")) + list(package.rglob("__pycache__/*.nbc")):
+            cached.unlink(missing_ok=True)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(key)
+        return True
+    except OSError:  # read-only install: Numba's own per-file check still applies
+        return False
+
+
+if CACHE:
+    purge_stale_cache()
+
+# fast-math minus the two flags that would let LLVM assume inputs are finite
+SAFE_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+EXACT_FLAGS: dict = dict(cache=CACHE, nogil=True, fastmath=False)
+JIT_FLAGS: dict = dict(cache=CACHE, nogil=True, fastmath=SAFE_FASTMATH)
+PARALLEL_FLAGS: dict = dict(JIT_FLAGS, parallel=True)
+
+# A matvec with fewer weights than this runs on the calling thread only: waking sleeping
+# workers (see OMP_WAIT_POLICY above) costs 10-30 us, more than such a product takes
+# on one core (1M Q4_1 weights: ~40 us). With spinning workers the wake-up is ~1 us,
+# so every product is split. EDGEKV_PARALLEL_MIN_WEIGHTS overrides.
+PARALLEL_MIN_WEIGHTS = int(os.environ.get(
+    "EDGEKV_PARALLEL_MIN_WEIGHTS", 0 if os.environ["OMP_WAIT_POLICY"].upper() == "ACTIVE" else 1 << 20))
+
+# Rows of a weight that the matvec kernels process side by side (see matvec.py).
+# 64 int32 lanes = 4 AVX-512 or 8 AVX2/NEON registers: the vectorizer's main loop.
+LANES = 64
+
+
+def max_threads() -> int:
+    """The most threads the parallel kernels can use (NUMBA_NUM_THREADS, default: all cores)."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def set_num_threads(n: int | None) -> int:
+    """Use n threads in every parallel kernel (None or <= 0: all); returns the count in use.
+
+    Clamped to [1, max_threads()]. Numba's setting is per calling thread, so call it
+    from the thread that runs the model. NumPy's BLAS (prefill matmul) keeps its own
+    pool; limit it with OPENBLAS_NUM_THREADS before NumPy is imported.
+    """
+    limit = max_threads()
+    n = limit if n is None or n <= 0 else min(int(n), limit)
+    numba.set_num_threads(n)
+    return n
+
+
+def get_num_threads() -> int:
+    return int(numba.get_num_threads())

@@ -1,0 +1,61 @@
+"""ggml's vectorised float32 transcendental functions, reproduced bit for bit.
+
+Why: these small models are sensitive enough that one-ulp differences in exp, flipping
+an 8-bit activation rounding somewhere, change greedy tokens. llama.cpp's CPU build
+(AVX-512) computes the softmax's exp with `ggml_v_expf`, a polynomial with FMA
+steps (an ARM optimized-routines port), not the C library's expf, and GELU through a
+65,536-entry table indexed by the f16 bits of x (GGML_GELU_FP16). Each FMA is emulated
+exactly in float64: a float32 product is exact there, so only the final rounding
+remains. What does not live here: loops over tensors (ops.py, attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .config import EXACT_FLAGS
+
+_f32 = np.float32
+_SHIFT = _f32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer
+_LOG2E = _f32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = _f32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = _f32(float.fromhex("0x1.7f7d1cp-20"))
+_C0 = _f32(float.fromhex("0x1.0e4020p-7"))
+_C1 = _f32(float.fromhex("0x1.573e2ep-5"))
+_C2 = _f32(float.fromhex("0x1.555e66p-3"))
+_C3 = _f32(float.fromhex("0x1.fffdb6p-2"))
+_C4 = _f32(float.fromhex("0x1.ffffecp-1"))
+
+
+@nb.njit(**EXACT_FLAGS)
+def _fma(a, b, c):
+    return _f32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@nb.njit(**EXACT_FLAGS)
+def v_expf(x):
+    # ggml_v_expf (AVX-512): exp(x) = 2^n * p(b), n = round(x / ln 2), b = x - n ln 2
+    x = _f32(x)
+    z = _fma(x, _LOG2E, _SHIFT)
+    n = _f32(z - _SHIFT)
+    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+    u = _f32(b * b)
+    j = _fma(_fma(_fma(_C0, b, _C1), u, _fma(_C2, b, _C3)), u, _fma(_C4, b, _f32(1.0)))
+    if abs(n) > 192.0 or n != n:
+        return _f32(0.0) if n <= 0 else _f32(np.inf)
+    return _f32(math.ldexp(np.float64(j), int(n)))
+
+
+def _gelu_table() -> np.ndarray:
+    """f16 GELU(x) for every f16 x, in float32 (ggml_table_gelu_f16)."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        inner = _f32(0.79788456080286535587989211986876) * x * (_f32(1.0) + _f32(0.044715) * x * x)
+        gelu = _f32(0.5) * x * (_f32(1.0) + np.tanh(inner))
+    return gelu.astype(np.float16).astype(np.float32)
+
+
+GELU_F16_TABLE = _gelu_table()

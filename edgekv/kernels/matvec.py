@@ -1,0 +1,225 @@
+"""Weight matrices of the forward pass: `QuantMatrix` and its parallel drivers.
+
+What lives here: QuantMatrix, built once per GGUF weight at model load (repacked into
+the lane layout, repack.py), with `matvec` (decode: one token), `matmul` (prefill: many
+tokens) and `rows` (embedding lookup); plus the @njit drivers that run the per-group
+kernels over all row groups in parallel. What does not: the per-type arithmetic
+(dot_q.py, dot_k.py, unpack.py), block formats (quants.py).
+
+How each product is computed, and why:
+- matvec: like llama.cpp, x is quantized once per call to the weight's activation
+  format (activations.py) and every block is an int32 dot product (dot_q.py, dot_k.py);
+  F32/F16/BF16 weights use float dots (x rounded to f16/bf16 first, as ggml does).
+  The result differs from the float64 product by the 8-bit rounding of x only.
+  One call into Numba, no allocation: scratch lives on the QuantMatrix.
+- matmul: tiles of rows are dequantized to float32 (unpack.py) and multiplied by BLAS;
+  for n tokens this reads the weight once, not n times. Dequantizing a tile costs about
+  as much as 4-6 matvecs, so below MATMUL_MIN_TOKENS tokens matmul loops over matvec.
+  (The two paths round differently: q8 activations vs float32 ones.)
+- rows: one lane unpacked per requested row, bit-identical to quants.dequantize.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba as nb
+import numpy as np
+
+from ..errors import UnsupportedModelError
+from ..quants import quant_type, row_nbytes
+from . import activations as act
+from . import config
+from .config import EXACT_FLAGS, JIT_FLAGS, LANES, PARALLEL_FLAGS, max_threads
+from .dot_k import dot_q4_k, dot_q6_k
+from .dot_q import dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0
+from .fp16 import bf16_to_f32, f16_to_f32
+from .repack import repack
+from .unpack import unpack_group
+
+MATMUL_MIN_TOKENS = 8  # below this, matmul = one matvec per token (measured break-even: 6-8)
+TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
+N_ISUM = 5  # int32 lane accumulators the dot kernels need (dot_q6_k: 4 sums + total)
+
+
+@nb.njit(**JIT_FLAGS)
+def dot_float(kind, w, d, x, g, acc):
+    # F32: w f32[G, n, R]; F16 (kind 1) / BF16: d u16[G, n, 1, R]; x: f32[n]; acc: f32[R]
+    acc[:] = 0.0
+    R = acc.shape[0]
+    for c in range(x.size):
+        xv = x[c]
+        if kind == 0:
+            row = w[g, c]
+            for r in range(R):
+                acc[r] += row[r] * xv
+        elif kind == 1:
+            bits = d[g, c, 0]
+            for r in range(R):
+                acc[r] += f16_to_f32(bits[r]) * xv
+        else:
+            bits = d[g, c, 0]
+            for r in range(R):
+                acc[r] += bf16_to_f32(bits[r]) * xv
+
+
+@nb.njit(**EXACT_FLAGS)
+def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
+    # x: f32[n] -> the activation format of the weight (see activations.py)
+    if act_kind == 1:
+        act.quantize_act_q8(x, xq, xd, xsum)
+    elif act_kind == 2:
+        act.quantize_act_q8_k(x, xq, xd, xsum)
+    elif kind == 1:
+        act.round_act_f16(x, xf)
+    elif kind == 30:
+        act.round_act_bf16(x, xf)
+    else:
+        xf[:] = x
+
+
+@nb.njit(**PARALLEL_FLAGS)
+def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out):
+    # x: f32[n_cols] -> out: f32[n_rows]; weight in lane layout (repack.py), R = acc.shape[1]
+    # acc: f32[threads, R], isum: i32[threads, N_ISUM, R] per-thread scratch
+    prepare_x(kind, act_kind, x, xq, xd, xsum, xf)
+    R = acc.shape[1]
+    for g in nb.prange(d.shape[0]):
+        t = nb.get_thread_id()
+        a, s = acc[t], isum[t]
+        if kind == 8:
+            dot_q8_0(qs, d, xq, xd, g, a, s)
+        elif kind == 2:
+            dot_q4_0(qs, d, xq, xd, xsum, g, a, s)
+        elif kind == 3:
+            dot_q4_1(qs, d, xq, xd, g, a, s)
+        elif kind == 6:
+            dot_q5_0(qs, qh, d, xq, xd, xsum, g, a, s)
+        elif kind == 7:
+            dot_q5_1(qs, qh, d, xq, xd, g, a, s)
+        elif kind == 12 or kind == 13:
+            dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, a, s)
+        elif kind == 14:
+            dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, a, s)
+        else:
+            dot_float(kind, w, d, xf, g, a)
+        for r in range(min(R, out.shape[0] - g * R)):
+            out[g * R + r] = a[r]
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def unpack_tile(kind, qs, qh, sc, d, w, g0, g1, tile):
+    # groups g0..g1-1 -> tile: f32[n_cols, >= (g1-g0)*R], row g*R + r in column (g-g0)*R + r
+    R = d.shape[3]
+    for i in nb.prange(g1 - g0):
+        # np.int64(0), not 0: a literal 0 would compile a second copy of unpack_group
+        unpack_group(kind, qs, qh, sc, d, w, g0 + i, np.int64(0), R, tile, i * R)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def unpack_rows(kind, qs, qh, sc, d, w, ids, out):
+    # ids: i64[n] row indices -> out: f32[n, n_cols]
+    R = d.shape[3]
+    for i in nb.prange(ids.size):
+        g, r = ids[i] // R, ids[i] % R
+        # out[i] seen as a one-column tile [n_cols, 1]: the same array type as matmul's tiles
+        unpack_group(kind, qs, qh, sc, d, w, g, r, r + 1, out[i].reshape(out.shape[1], 1), np.int64(0))
+
+
+_scratch = threading.local()
+
+
+def _scratch_f32(name: str, n: int) -> np.ndarray:
+    """A float32 buffer of n values, reused by every matmul of this thread (grown when needed)."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, 1), np.float32)
+        setattr(_scratch, name, buf)
+    return buf[:n]
+
+
+def _check(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+    if a.shape != shape or a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous float32 array of shape {shape}, "
+                         f"got {a.dtype} {a.shape}{'' if a.flags.c_contiguous else ' (not contiguous)'}")
+
+
+class QuantMatrix:
+    """A [n_rows, n_cols] weight (ggml ne0 = n_cols, the contiguous row length)."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int = LANES):
+        q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
+        expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8 or raw.size != expected:
+            raise UnsupportedModelError(f"{q.name} weight [{n_rows} x {n_cols}] needs {expected} uint8 bytes, "
+                                        f"got {raw.size} of {raw.dtype}")
+        self.quant = q
+        self.ggml_type = q.ggml_type
+        self.n_rows, self.n_cols = int(n_rows), int(n_cols)
+        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.block_size, q.type_size, lanes)
+        self.lanes = lanes
+        self.nbytes = self._p.nbytes
+        self._act_kind = {"q8_0": 1, "q8_1": 1, "q8_K": 2}.get(q.act, 0)
+        bs = 256 if q.act == "q8_K" else 32
+        n_blocks = self.n_cols // bs if self._act_kind else 0
+        self._xq = np.zeros((n_blocks, bs), np.int8)
+        self._xd = np.zeros((n_blocks, 2), np.float32)
+        self._xsum = np.zeros((n_blocks, 16), np.int32)
+        self._xf = np.zeros(0 if self._act_kind else self.n_cols, np.float32)
+        self._acc = np.zeros((max_threads(), lanes), np.float32)
+        self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
+        self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
+
+    def __repr__(self) -> str:
+        return f"QuantMatrix({self.quant.name}, {self.n_rows} x {self.n_cols}, {self.nbytes} bytes)"
+
+    def matvec(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[n_rows] = W @ x[n_cols] (one token)."""
+        _check("x", x, (self.n_cols,))
+        _check("out", out, (self.n_rows,))
+        p = self._p
+        if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS:
+            matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
+                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out)
+            return
+        n_threads = nb.get_num_threads()  # small product: the calling thread alone
+        nb.set_num_threads(1)
+        try:
+            matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
+                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out)
+        finally:
+            nb.set_num_threads(n_threads)
+
+    def matmul(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T (a chunk of tokens)."""
+        n_tok = x.shape[0] if x.ndim == 2 else -1
+        _check("x", x, (n_tok, self.n_cols))
+        _check("out", out, (n_tok, self.n_rows))
+        if n_tok < MATMUL_MIN_TOKENS:
+            for t in range(n_tok):
+                self.matvec(x[t], out[t])
+            return
+        p, R = self._p, self.lanes
+        per_tile = self._tile_cols // R
+        tile = _scratch_f32("tile", self.n_cols * self._tile_cols).reshape(self.n_cols, self._tile_cols)
+        for g0 in range(0, p.n_groups, per_tile):
+            g1 = min(p.n_groups, g0 + per_tile)
+            r0, r1 = g0 * R, min(self.n_rows, g1 * R)
+            unpack_tile(self.ggml_type, p.qs, p.qh, p.sc, p.d, p.w, g0, g1, tile)
+            if r1 - r0 == self.n_rows:  # one tile holds the whole weight
+                np.dot(x, tile[:, :r1], out=out)
+            else:
+                prod = _scratch_f32("prod", n_tok * (r1 - r0)).reshape(n_tok, r1 - r0)
+                np.dot(x, tile[:, :r1 - r0], out=prod)
+                out[:, r0:r1] = prod
+
+    def rows(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """out[i] = row ids[i] of W, dequantized (embedding lookup)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        _check("out", out, (ids.size, self.n_cols))
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_rows):
+            bad = ids[(ids < 0) | (ids >= self.n_rows)][0]
+            raise IndexError(f"row {bad} is out of range for a weight of {self.n_rows} rows")
+        p = self._p
+        unpack_rows(self.ggml_type, p.qs, p.qh, p.sc, p.d, p.w, ids, out)

@@ -1,0 +1,108 @@
+"""Load-time repacking of a weight into the "lane" layout the matrix kernels read.
+
+What lives here: `repack(raw, ggml_type, n_rows, n_cols, lanes) -> Packed`, plain NumPy,
+run once per weight at model load. What does not: the kernels that read the layout
+(dot_q.py, dot_k.py, unpack.py, matvec.py) and the file layout itself (quants.py).
+
+The lane layout: rows are taken R = `lanes` at a time (a "group"; the last group is
+padded with zero rows) and every field of a block is stored with the group's R rows
+side by side, so the kernels' innermost loop runs over R contiguous lanes with no
+horizontal reductions, and LLVM turns it into plain SIMD. For a group g, block b:
+
+    qs[g, b, i, r]   byte i of the block's codes, row g*R + r        u8[G, NB, Q, R]
+    qh[g, b, i, r]   byte i of the high bits (Q5_*, Q5_K, Q6_K)       u8[G, NB, H, R]
+    sc[g, b, i, r]   sub-block scale i (K-quants; Q4_K/Q5_K: 8 scales
+                     then 8 mins, unpacked from 6 bits; Q6_K: int8)   u8[G, NB, S, R]
+    d[g, b, i, r]    f16 bits of the block scales: (d,) or (d, m) or
+                     (d, dmin)                                        u16[G, NB, D, R]
+
+Byte i of qs/qh means exactly byte i of that field in the file, so every kernel uses
+ggml's own value order. Fields a type lacks have size 0. Float weights keep one value
+per lane: F32 in w[g, c, r] (f32), F16/BF16 as their uint16 bits in d[g, c, 0, r]. The scales
+stay f16: converting them in the kernel is free next to the memory traffic it saves.
+Total size = the quantized size + the K-quants' unpacked 6-bit scales (+3%) + padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+# (offset, length) of each field inside one block of the file layout
+_FIELDS: dict[int, dict[str, tuple[int, int]]] = {
+    int(T.Q8_0): {"d": (0, 2), "qs": (2, 32)},
+    int(T.Q4_0): {"d": (0, 2), "qs": (2, 16)},
+    int(T.Q4_1): {"d": (0, 4), "qs": (4, 16)},
+    int(T.Q5_0): {"d": (0, 2), "qh": (2, 4), "qs": (6, 16)},
+    int(T.Q5_1): {"d": (0, 4), "qh": (4, 4), "qs": (8, 16)},
+    int(T.Q4_K): {"d": (0, 4), "sc": (4, 12), "qs": (16, 128)},
+    int(T.Q5_K): {"d": (0, 4), "sc": (4, 12), "qh": (16, 32), "qs": (48, 128)},
+    int(T.Q6_K): {"qs": (0, 128), "qh": (128, 64), "sc": (192, 16), "d": (208, 2)},
+}
+FLOAT_TYPES = (int(T.F32), int(T.F16), int(T.BF16))
+
+
+@dataclass
+class Packed:
+    """A weight in lane layout. Quantized types fill qs/qh/sc/d, float types fill w."""
+
+    lanes: int
+    n_groups: int
+    qs: np.ndarray
+    qh: np.ndarray
+    sc: np.ndarray
+    d: np.ndarray
+    w: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qs, self.qh, self.sc, self.d, self.w))
+
+
+def to_lanes(field: np.ndarray, lanes: int) -> np.ndarray:
+    """[n_rows_padded, NB, X] -> [G, NB, X, R] (rows of a group become the last axis)."""
+    n, nb, x = field.shape
+    return np.ascontiguousarray(field.reshape(n // lanes, lanes, nb, x).transpose(0, 2, 3, 1))
+
+
+def unpack_k4_scales(s: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K packed scales u8[..., 12] -> u8[..., 16]: 8 six-bit scales, then 8 mins."""
+    lo_sc, lo_mn, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo_sc & 63, (hi & 0xF) | ((lo_sc >> 6) << 4)], axis=-1)
+    mn = np.concatenate([lo_mn & 63, (hi >> 4) | ((lo_mn >> 6) << 4)], axis=-1)
+    return np.concatenate([sc, mn], axis=-1).astype(np.uint8)
+
+
+def _empty(n_groups: int, n_blocks: int, lanes: int, dtype) -> np.ndarray:
+    return np.zeros((n_groups, n_blocks, 0, lanes), dtype)
+
+
+def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, block_size: int,
+           type_size: int, lanes: int) -> Packed:
+    """The file bytes of an [n_rows, n_cols] weight -> lane layout (validated by the caller)."""
+    n_groups = -(-n_rows // lanes)
+    rows = np.zeros((n_groups * lanes, n_cols // block_size * type_size), np.uint8)
+    rows[:n_rows] = np.asarray(raw, np.uint8).reshape(n_rows, -1)
+    if ggml_type == int(T.F32):
+        w = to_lanes(rows.view(np.float32).reshape(-1, n_cols, 1), lanes)[:, :, 0, :]
+        none = _empty(n_groups, 1, lanes, np.uint8)
+        return Packed(lanes, n_groups, none, none, none, _empty(n_groups, 1, lanes, np.uint16), w)
+    if ggml_type in FLOAT_TYPES:  # F16/BF16: the bits in d's place, d[g, c, 0, r]
+        d = to_lanes(rows.view(np.uint16).reshape(-1, n_cols, 1), lanes)
+        none = _empty(n_groups, n_cols, lanes, np.uint8)
+        return Packed(lanes, n_groups, none, none, none, d, np.zeros((n_groups, 0, lanes), np.float32))
+    n_blocks = n_cols // block_size
+    blocks = rows.reshape(n_groups * lanes, n_blocks, type_size)
+    fields = {}
+    for name, (start, length) in _FIELDS[ggml_type].items():
+        part = blocks[:, :, start:start + length]
+        if name == "d":
+            part = np.ascontiguousarray(part).view(np.uint16)
+        elif name == "sc" and ggml_type != int(T.Q6_K):
+            part = unpack_k4_scales(part)
+        fields[name] = to_lanes(part, lanes)
+    none = _empty(n_groups, n_blocks, lanes, np.uint8)
+    return Packed(lanes, n_groups, fields["qs"], fields.get("qh", none), fields.get("sc", none), fields["d"],
+                  np.zeros((n_groups, 0, lanes), np.float32))

@@ -1,0 +1,486 @@
+"""The `Llama` facade: llama-cpp-python's high-level API on top of edgekv's Model and Session.
+
+What lives here: `Llama` (tokenize, eval, generate, create_completion, create_chat_completion,
+in-memory state), OpenAI-shaped response dicts, stop handling (end-of-generation tokens,
+stop strings that may span tokens) and the generation statistics the CLI prints.
+What does not: the forward pass and the cache (models/, session.py, cache.py), the sampler
+chain (sampling.py), text <-> ids (tokenizer.py), chat templates (chat_format.py).
+
+Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
+shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
+honour (grammars, mirostat, logprobs, ...) raise an EdgeKVError instead of being ignored;
+hardware options that mean nothing here (n_gpu_layers, use_mmap, ...) are accepted and logged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
+from .errors import ContextFullError, EdgeKVError
+from .loader import load
+from .sampling import LogitsProcessor, Sampler, SamplingParams
+
+log = logging.getLogger("edgekv")
+
+# llama-cpp-python constructor options that have no meaning for edgekv's CPU path.
+_IGNORED_OPTIONS = frozenset({
+    "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "use_mlock",
+    "kv_overrides", "n_ubatch", "n_threads_batch", "rope_scaling_type", "pooling_type", "yarn_ext_factor",
+    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "flash_attn",
+    "no_perf", "last_n_tokens_size", "numa", "embedding", "type_k", "type_v", "spm_infill",
+})
+_CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+# llama-cpp-python generation options edgekv does not implement -> the values meaning "off"
+# (anything else raises); None: accepted and ignored, as llama.cpp itself dropped them
+# (tfs_z, penalize_nl) or they act only with an option that is off (mirostat_tau/eta).
+_OFF_VALUES: dict[str, tuple | None] = {
+    "suffix": (None,), "logprobs": (None, False), "top_logprobs": (None,), "typical_p": (1.0,),
+    "mirostat_mode": (0,), "grammar": (None,), "functions": (None,), "function_call": (None,),
+    "tools": (None,), "tool_choice": (None, "none", "auto"), "response_format": (None,),
+    "tfs_z": None, "penalize_nl": None, "mirostat_tau": None, "mirostat_eta": None,
+}
+# generate() keywords that create_completion passes through **options
+_SAMPLER_OPTIONS = frozenset({"logits_processor", "stopping_criteria", "repeat_last_n"})
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the latest completion (what `edgekv run` and `edgekv chat` print)."""
+
+    prompt_tokens: int = 0  # tokens in the prompt
+    prompt_eval_tokens: int = 0  # of those, evaluated now (the rest came from prefix reuse)
+    prompt_eval_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+
+@dataclass
+class LlamaState:
+    """An in-memory snapshot of a Llama's conversation (`save_state` / `load_state`)."""
+
+    input_ids: np.ndarray  # int[n_tokens]
+    logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
+    scores: np.ndarray | None  # f32[n_tokens, n_vocab] when logits_all
+    cache: Any  # a deep copy of the session's KVCache
+    n_ctx: int
+
+
+class Llama:
+    """A model plus one conversation, with llama-cpp-python's high-level API."""
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | str = "auto", n_batch: int = 512,
+                 n_threads: int | None = None, seed: int = 0, logits_all: bool = False, verbose: bool = False,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", chat_format: str | None = None,
+                 **options: Any):
+        """Load `model_path` (a GGUF path or a catalog name). n_ctx: tokens the context holds;
+        "auto", 0 or None mean the model's trained context capped at 4096."""
+        _check_options(options)
+        if verbose:
+            _log_to_stderr()
+        if n_threads is not None:
+            _set_threads(n_threads)
+        self.model_path = os.fspath(model_path)
+        self.verbose = verbose
+        self.logits_all = logits_all
+        self._seed = seed
+        self._model = load(model_path)
+        self.tokenizer_ = self._model.tokenizer
+        self._session = self._model.session(_plan_n_ctx(n_ctx), n_batch, cache_type_k, cache_type_v)
+        self._scores = np.empty((0, self._session.n_vocab), np.float32)  # grows when logits_all
+        self.chat_formatter = self._make_chat_formatter(chat_format)
+        self.metadata = {k: str(v) for k, v in self._model.gguf.metadata.items()
+                         if not isinstance(v, (list, tuple, np.ndarray))}
+        self.last_stats = GenerationStats()
+
+    def _make_chat_formatter(self, name: str | None) -> ChatFormatter:
+        if name is None:
+            return self._model.chat_formatter
+        if name not in _CHAT_TEMPLATES:
+            raise EdgeKVError(f"chat_format={name!r} is not known; use None (the model's template) or one of "
+                              f"{', '.join(_CHAT_TEMPLATES)}")
+        own = self._model.chat_formatter
+        return ChatFormatter(_CHAT_TEMPLATES[name], own.bos_token, own.eos_token, self.tokenizer_, name)
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def n_ctx(self) -> int:
+        return self._session.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._session.n_vocab
+
+    def n_embd(self) -> int:
+        return self._model.hp.dim
+
+    def token_bos(self) -> int:
+        return -1 if self.tokenizer_.bos_id is None else self.tokenizer_.bos_id
+
+    def token_eos(self) -> int:
+        return -1 if self.tokenizer_.eos_id is None else self.tokenizer_.eos_id
+
+    def set_seed(self, seed: int) -> None:
+        """The seed every later generation starts its sampler from (-1: random each time)."""
+        self._seed = seed
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Text -> ids. add_bos=True adds BOS when the model wants one (llama-cpp-python's meaning)."""
+        return self.tokenizer_.encode(text, add_bos=None if add_bos else False, special=special)
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """Ids -> bytes; special=True writes control tokens' text. With prev_tokens, the bytes
+        that `tokens` add after them."""
+        skip = not special
+        if not prev_tokens:
+            return self.tokenizer_.decode(tokens, skip_special=skip)
+        before = self.tokenizer_.decode(prev_tokens, skip_special=skip)
+        return self.tokenizer_.decode(list(prev_tokens) + list(tokens), skip_special=skip)[len(before):]
+
+    # -- the conversation --------------------------------------------------------------------
+
+    @property
+    def n_tokens(self) -> int:
+        return self._session.n_tokens
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.asarray(self._session.tokens, dtype=np.intc)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """f32[n_tokens, n_vocab] when logits_all; otherwise only the last row, f32[1, n_vocab]
+        (f32[0, n_vocab] before anything was evaluated)."""
+        if self.logits_all:
+            return self._scores[: self.n_tokens]
+        if self.n_tokens == 0:
+            return self._scores[:0]
+        return self._session.logits[None, :]
+
+    def reset(self) -> None:
+        """Forget the conversation (the context's memory stays allocated)."""
+        self._session.reset()
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Append `tokens` to the conversation and run them through the model."""
+        tokens = list(tokens)
+        if not self.logits_all:
+            self._session.eval(tokens)
+            return
+        step = self._session.n_batch  # chunk by chunk, so rows of completed chunks are kept
+        for start in range(0, len(tokens), step):
+            n_before = self.n_tokens
+            rows = self._session.eval(tokens[start : start + step], all_logits=True)
+            self._store_scores(n_before, rows)
+
+    def _store_scores(self, at: int, rows: np.ndarray) -> None:
+        need = at + rows.shape[0]
+        if need > self._scores.shape[0]:  # geometric growth: copied O(log n) times
+            grown = np.empty((max(need, 2 * self._scores.shape[0], 16), self.n_vocab()), np.float32)
+            grown[:at] = self._scores[:at]
+            self._scores = grown
+        self._scores[at:need] = rows
+
+    def _prefill(self, tokens: list[int]) -> None:
+        """Hold exactly `tokens`, reusing the longest prefix already evaluated."""
+        if not self.logits_all:
+            self._session.prefill(tokens)
+            return
+        if not tokens:
+            raise EdgeKVError("cannot evaluate an empty prompt")
+        keep = min(self._session.common_prefix(tokens), len(tokens) - 1)
+        self._session.truncate(keep)
+        self.eval(tokens[keep:])
+
+    def save_state(self) -> LlamaState:
+        """A snapshot of the conversation: tokens, KV cache, logits (and scores)."""
+        s = self._session
+        return LlamaState(input_ids=self.input_ids.copy(), logits=s.logits.copy() if s._has_logits else None,
+                          scores=self.scores.copy() if self.logits_all else None,
+                          cache=copy.deepcopy(s.cache), n_ctx=s.n_ctx)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Return to a snapshot taken with save_state on a Llama with the same model and n_ctx."""
+        s = self._session
+        if state.n_ctx != s.n_ctx or (state.logits is not None and state.logits.shape[0] != s.n_vocab):
+            raise EdgeKVError(f"state of a context of {state.n_ctx} tokens cannot be loaded into one of {s.n_ctx}")
+        s.cache = copy.deepcopy(state.cache)
+        s.tokens[:] = [int(t) for t in state.input_ids]
+        s._has_logits = state.logits is not None
+        if state.logits is not None:
+            s._last_logits[0] = state.logits
+        if state.scores is not None and self.logits_all:
+            self._store_scores(0, state.scores)
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(self, tokens: Sequence[int], *, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_last_n: int = 64,
+                 logit_bias: dict[int, float] | None = None, seed: int | None = None,
+                 logits_processor: Sequence[LogitsProcessor] | None = None, stopping_criteria: Any = None,
+                 **compat: Any) -> Iterator[int]:
+        """Evaluate `tokens` and yield sampled ids without end (the caller stops; EOS is yielded
+        like any id). reset=True reuses the common prefix with the conversation; reset=False
+        appends. A list sent into the generator is evaluated after the yielded token.
+        seed None: the Llama's seed, so equal calls give equal tokens."""
+        _check_compat("generate", compat)
+        params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                logit_bias=logit_bias)
+        sampler = Sampler(params, seed=self._seed if seed is None else seed, processors=logits_processor)
+        return self._generate(list(tokens), sampler, reset, stopping_criteria)
+
+    def _generate(self, tokens: list[int], sampler: Sampler, reset: bool, stopping_criteria: Any) -> Iterator[int]:
+        if reset:
+            self._prefill(tokens)
+        elif tokens:
+            self.eval(tokens)
+        while True:
+            logits = self._session.logits
+            token = sampler.sample(logits, self._session.tokens)
+            if stopping_criteria is not None and stopping_criteria(self.input_ids, logits):
+                return
+            extra = yield token
+            self.eval([token] + list(extra or ()))
+
+    def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
+                sampling: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
+        """(text, None) pieces of the completion, then ("...", finish_reason) once."""
+        tokens = self._fit_prompt(prompt)
+        room = self.n_ctx() - len(tokens)
+        limit = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
+        text = _StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
+        is_end = set(stop_ids) | self.tokenizer_.eog_ids
+        finish, hit, n_before, t0 = "length", False, self._session.n_evaluated, time.perf_counter()
+
+        def prompt_done() -> None:  # called once, when the prompt's logits exist
+            stats.prompt_eval_s = time.perf_counter() - t0
+            stats.prompt_eval_tokens = self._session.n_evaluated - n_before
+
+        stream = self.generate(tokens, **sampling)
+        try:
+            if limit <= 0:  # the prompt fills the context: evaluate it, generate nothing
+                self._prefill(tokens)
+                prompt_done()
+            for token in stream if limit > 0 else ():
+                if stats.gen_tokens == 0:
+                    prompt_done()
+                if token in is_end:
+                    finish = "stop"
+                    break
+                stats.gen_tokens += 1
+                piece, hit = text.push(token)
+                if piece:
+                    yield piece, None
+                if hit or stats.gen_tokens >= limit:
+                    finish = "stop" if hit else finish
+                    break
+            else:
+                finish = "stop" if limit > 0 else finish  # the stopping_criteria said stop
+        finally:
+            stream.close()
+            stats.gen_s = time.perf_counter() - t0 - stats.prompt_eval_s
+        tail, hit_at_end = ("", False) if hit else text.finish()
+        yield tail, "stop" if hit_at_end else finish
+
+    def _fit_prompt(self, prompt: list[int]) -> list[int]:
+        if not prompt:
+            raise EdgeKVError("the prompt is empty (and the model adds no BOS token)")
+        if len(prompt) > self.n_ctx():
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx()}; "
+                                   f"use a larger n_ctx (-c) or a shorter prompt",
+                                   n_tokens=len(prompt), n_ctx=self.n_ctx())
+        return prompt
+
+    # -- OpenAI-shaped responses -------------------------------------------------------------
+
+    def create_completion(self, prompt: str | bytes | Sequence[int], *, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, top_k: int = 40,
+                          stop: str | list[str] | None = None, echo: bool = False, stream: bool = False,
+                          repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
+                          logit_bias: dict[int, float] | None = None, **options: Any) -> dict | Iterator[dict]:
+        """Complete `prompt` (text, or token ids). max_tokens None or <= 0: until the context
+        is full. Returns a `text_completion` dict, or an iterator of chunks when stream.
+        options: logits_processor, stopping_criteria, repeat_last_n, and llama-cpp-python's
+        options that edgekv accepts only when off (suffix, logprobs, grammar, mirostat_mode, ...)."""
+        passed = {k: options.pop(k) for k in _SAMPLER_OPTIONS if k in options}
+        _check_compat("create_completion", options)
+        ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt, special=True)
+        self._fit_prompt(ids)
+        sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                        repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+        head = dict(id=f"cmpl-{uuid.uuid4()}", object="text_completion", created=int(time.time()),
+                    model=model or self.model_path)
+        prefix = self.detokenize(ids).decode("utf-8", errors="replace") if echo else ""
+        pieces = self._stream(ids, max_tokens, _stop_list(stop), (), sampling)
+        if stream:
+            return self._completion_chunks(head, prefix, pieces)
+        text, finish = _collect(pieces)
+        choice = dict(text=prefix + text, index=0, logprobs=None, finish_reason=finish)
+        return dict(head, choices=[choice], usage=self._usage())
+
+    __call__ = create_completion
+
+    def _completion_chunks(self, head: dict, prefix: str, pieces: Iterator[tuple[str, str | None]]) -> Iterator[dict]:
+        if prefix:
+            yield dict(head, choices=[dict(text=prefix, index=0, logprobs=None, finish_reason=None)])
+        for text, finish in pieces:
+            if text or finish:
+                yield dict(head, choices=[dict(text=text, index=0, logprobs=None, finish_reason=finish)])
+
+    def create_chat_completion(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+                               temperature: float = 0.2, top_p: float = 0.95, min_p: float = 0.05, top_k: int = 40,
+                               stop: str | list[str] | None = None, stream: bool = False,
+                               repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                               presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
+                               logit_bias: dict[int, float] | None = None, **options: Any) -> dict | Iterator[dict]:
+        """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
+        Returns a `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts.
+        options: as for create_completion (tools, response_format, ... only when off)."""
+        passed = {k: options.pop(k) for k in _SAMPLER_OPTIONS if k in options}
+        _check_compat("create_chat_completion", options)
+        formatter = self.chat_formatter
+        ids = self._fit_prompt(formatter.encode(messages, add_generation_prompt=True))
+        sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                        repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+        stops = _stop_list(stop) + [s for s in formatter.stop_strings if s not in _stop_list(stop)]
+        head = dict(id=f"chatcmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path)
+        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling)
+        if stream:
+            return self._chat_chunks(dict(head, object="chat.completion.chunk"), pieces)
+        text, finish = _collect(pieces)
+        choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=None, finish_reason=finish)
+        return dict(head, object="chat.completion", choices=[choice], usage=self._usage())
+
+    def _chat_chunks(self, head: dict, pieces: Iterator[tuple[str, str | None]]) -> Iterator[dict]:
+        yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
+        for text, finish in pieces:
+            if text:
+                yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=None, finish_reason=None)])
+            if finish:
+                yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
+
+    def _usage(self) -> dict[str, int]:
+        s = self.last_stats
+        return dict(prompt_tokens=s.prompt_tokens, completion_tokens=s.gen_tokens,
+                    total_tokens=s.prompt_tokens + s.gen_tokens)
+
+
+class _StopText:
+    """Generated ids -> text that is safe to show: whole UTF-8 characters, cut before the
+    first stop string, and holding back any tail that could be the start of one."""
+
+    def __init__(self, detokenizer: Any, stops: list[str]):
+        self.detokenizer = detokenizer
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """(text to emit now, whether a stop string was found)."""
+        self.pending += self.detokenizer.push(token)
+        return self._scan(final=False)
+
+    def finish(self) -> tuple[str, bool]:
+        self.pending += self.detokenizer.flush()
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> tuple[str, bool]:
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = 0 if final else max((_overlap(self.pending, s) for s in self.stops), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `stop`."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def _collect(pieces: Iterator[tuple[str, str | None]]) -> tuple[str, str]:
+    parts, finish = [], "length"
+    for text, reason in pieces:
+        parts.append(text)
+        finish = reason or finish
+    return "".join(parts), finish
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _check_compat(where: str, options: dict[str, Any]) -> None:
+    """llama-cpp-python options: unknown names are a TypeError, known ones set to a value
+    edgekv cannot honour an EdgeKVError; ignored ones pass."""
+    for name, value in options.items():
+        if name not in _OFF_VALUES:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+        allowed = _OFF_VALUES[name]
+        if allowed is not None and not any(value is a or value == a for a in allowed):
+            raise EdgeKVError(f"{name}={value!r} is not supported by edgekv yet")
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - _IGNORED_OPTIONS)
+    if unknown:
+        raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
+    if options:
+        log.info("ignoring llama-cpp-python options that do not apply here: %s", ", ".join(sorted(options)))
+
+
+def _plan_n_ctx(n_ctx: int | str | None) -> int | None:
+    """None (the loader's default: trained context, capped at 4096) for "auto"/0/None."""
+    if n_ctx in ("auto", 0, None):
+        return None
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
+        raise EdgeKVError(f"n_ctx must be a positive integer or 'auto', got {n_ctx!r}")
+    return int(n_ctx)
+
+
+def _set_threads(n_threads: int) -> None:
+    try:
+        from .kernels.config import set_num_threads
+    except ImportError:  # a build without the Numba kernels
+        log.warning("n_threads=%s ignored: the kernels' thread control is unavailable", n_threads)
+        return
+    log.info("using %d threads", set_num_threads(n_threads))
+
+
+def _log_to_stderr() -> None:
+    """verbose=True: show edgekv's info messages on stderr unless logging is already set up."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("edgekv: %(message)s"))
+        log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)

@@ -1,0 +1,189 @@
+"""ggml block formats: a registry of small per-type records, sizes, and (de)quantization.
+
+What lives here: `QUANT_TYPES` (one `QuantType` per supported ggml type, keyed by its
+ggml type id), `row_nbytes`, `dequantize` (any supported type, file layout -> float32),
+and the KV-cache formats: `KV_CACHE_TYPES` with a row quantizer and a row dequantizer
+per cache type, both @njit kernels callable from other Numba code, and `quantize`, a
+vectorized Python entry over many rows. What does not: the kernels themselves
+(kernels/dequant.py, kernels/quantize.py), the repacked layout the matrix kernels read
+(kernels/repack.py) and the matrix products (kernels/matvec.py).
+
+From @njit code, call the row kernels as module globals, e.g.
+`kernels.quantize.quantize_row(x, ggml_type, dst)` and
+`kernels.dequant.dequant_row(src, ggml_type, dst)`, which dispatch on the type id (or
+the per-type `quantize_row_q8_0`, ...). Passing them as function arguments also works,
+but Numba then cannot cache the caller on disk.
+
+Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integer):
+
+  F32   4 bytes per value                      IEEE float32
+  F16   2 bytes per value   s|eeeee|mmmmmmmmmm  IEEE half
+  BF16  2 bytes per value   s|eeeeeeee|mmmmmmm  the upper 16 bits of a float32
+
+  Blocks of 32 values. qs byte j carries value j in its low nibble and value j+16
+  in its high nibble; qh bit j is the fifth bit of value j.
+  Q8_0  34 B  [ d:f16 | qs:i8 x32 ]                    x = d * qs[j]
+  Q4_0  18 B  [ d:f16 | qs:u8 x16 ]                    x = d * (code - 8)
+  Q4_1  20 B  [ d:f16 | m:f16 | qs:u8 x16 ]            x = d * code + m
+  Q5_0  22 B  [ d:f16 | qh:u32 | qs:u8 x16 ]           x = d * (code - 16)
+  Q5_1  24 B  [ d:f16 | m:f16 | qh:u32 | qs:u8 x16 ]   x = d * code + m
+
+  Super-blocks of 256 values ("K-quants"), sub-blocks with their own small scales.
+  Q4_K 144 B  [ d:f16 | dmin:f16 | scales:u8 x12 | qs:u8 x128 ]
+        8 sub-blocks of 32, x = (d * sc[i]) * code - dmin * mn[i].
+        qs[32c + l]: low nibble -> sub-block 2c value l, high nibble -> 2c+1 value l.
+        The 8 six-bit scales sc[] and mins mn[] share the 12 bytes:
+          byte 0..3   [ hi2(sc[4+k]) | sc[k] ]            k = byte
+          byte 4..7   [ hi2(mn[4+k]) | mn[k] ]            k = byte - 4
+          byte 8..11  [ lo4(mn[4+k]) | lo4(sc[4+k]) ]     k = byte - 8
+  Q5_K 176 B  [ d:f16 | dmin:f16 | scales:u8 x12 | qh:u8 x32 | qs:u8 x128 ]
+        as Q4_K, plus a fifth bit: bit i of qh[l] belongs to sub-block i, value l.
+  Q6_K 210 B  [ ql:u8 x128 | qh:u8 x64 | scales:i8 x16 | d:f16 ]
+        16 sub-blocks of 16, x = (d * scales[i]) * (code - 32), code = 6 bits.
+        value 128h + 32k + l (h in 0..1, k in 0..3, l in 0..31):
+          low 4 bits  = nibble (low if k < 2, else high) of ql[64h + 32(k % 2) + l]
+          high 2 bits = bits 2k..2k+1 of qh[32h + l]
+          scale index = 8h + 2k + l // 16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from .errors import UnsupportedModelError
+from .kernels import dequant, quantize as kq
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One ggml storage format."""
+
+    name: str  # ggml's name (GGMLQuantizationType member)
+    ggml_type: int
+    block_size: int  # values per block
+    type_size: int  # bytes per block
+    act: str  # what the matvec kernels turn the activation vector into for this weight
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.type_size / self.block_size
+
+
+def _record(t: T, block_size: int, type_size: int, act: str) -> QuantType:
+    return QuantType(t.name, int(t), block_size, type_size, act)
+
+
+# activation formats follow llama.cpp's vec_dot_type for each weight type
+QUANT_TYPES: dict[int, QuantType] = {
+    q.ggml_type: q
+    for q in (
+        _record(T.F32, 1, 4, "f32"),
+        _record(T.F16, 1, 2, "f16"),
+        _record(T.BF16, 1, 2, "bf16"),
+        _record(T.Q8_0, 32, 34, "q8_0"),
+        _record(T.Q4_0, 32, 18, "q8_0"),
+        _record(T.Q4_1, 32, 20, "q8_1"),
+        _record(T.Q5_0, 32, 22, "q8_0"),
+        _record(T.Q5_1, 32, 24, "q8_1"),
+        _record(T.Q4_K, 256, 144, "q8_K"),
+        _record(T.Q5_K, 256, 176, "q8_K"),
+        _record(T.Q6_K, 256, 210, "q8_K"),
+    )
+}
+
+
+def quant_type(ggml_type: int) -> QuantType:
+    """The record of a ggml type id; UnsupportedModelError (listing the supported ones) if unknown."""
+    q = QUANT_TYPES.get(int(ggml_type))
+    if q is None:
+        try:
+            label = f"{T(int(ggml_type)).name} ({int(ggml_type)})"
+        except ValueError:
+            label = str(ggml_type)
+        supported = ", ".join(t.name for t in QUANT_TYPES.values())
+        raise UnsupportedModelError(f"ggml type {label} is not supported (supported: {supported})")
+    return q
+
+
+def row_nbytes(ggml_type: int, n: int) -> int:
+    """Bytes of one row of n values; n must be a whole number of blocks."""
+    q = quant_type(ggml_type)
+    if n % q.block_size:
+        raise UnsupportedModelError(
+            f"a {q.name} row of {n} values is not a whole number of {q.block_size}-value blocks")
+    return n // q.block_size * q.type_size
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Raw tensor bytes -> float32, by the fast kernels.
+
+    `shape` is in ggml order (ne0 first, as TensorInfo.shape); the result has the
+    NumPy order, i.e. shape reversed, so its last axis is the contiguous ne0.
+    """
+    shape = tuple(int(s) for s in shape)
+    n = shape[0] if shape else 1
+    n_rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    nbytes = row_nbytes(ggml_type, n)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if raw.size != n_rows * nbytes:
+        raise UnsupportedModelError(
+            f"{quant_type(ggml_type).name} tensor of shape {shape} needs {n_rows * nbytes} bytes, got {raw.size}")
+    out = np.empty((n_rows, n), np.float32)
+    dequant.dequantize_rows(raw.reshape(n_rows, nbytes), int(ggml_type), out)
+    return out.reshape(tuple(reversed(shape)) if shape else ())
+
+
+# ---- KV-cache formats ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KVCacheType:
+    """A KV-cache storage format: rows of head_dim values stored as ggml blocks."""
+
+    name: str  # llama.cpp's -ctk/-ctv name
+    quant: QuantType
+    quantize_row: Callable  # @njit (x: f32[n], dst: u8[row_nbytes]) -> None
+    dequantize_row: Callable  # @njit (src: u8[row_nbytes], dst: f32[n]) -> None
+
+    def row_nbytes(self, n: int) -> int:
+        return row_nbytes(self.quant.ggml_type, n)
+
+
+KV_CACHE_TYPES: dict[str, KVCacheType] = {
+    name: KVCacheType(name, QUANT_TYPES[int(t)], qfn, dfn)
+    for name, t, qfn, dfn in (
+        ("f32", T.F32, kq.quantize_row_f32, dequant.dequant_row_f32),
+        ("f16", T.F16, kq.quantize_row_f16, dequant.dequant_row_f16),
+        ("bf16", T.BF16, kq.quantize_row_bf16, dequant.dequant_row_bf16),
+        ("q8_0", T.Q8_0, kq.quantize_row_q8_0, dequant.dequant_row_q8_0),
+        ("q4_0", T.Q4_0, kq.quantize_row_q4_0, dequant.dequant_row_q4_0),
+        ("q4_1", T.Q4_1, kq.quantize_row_q4_1, dequant.dequant_row_q4_1),
+        ("q5_0", T.Q5_0, kq.quantize_row_q5_0, dequant.dequant_row_q5_0),
+        ("q5_1", T.Q5_1, kq.quantize_row_q5_1, dequant.dequant_row_q5_1),
+    )
+}
+
+
+def kv_cache_type(name: str) -> KVCacheType:
+    """The KV-cache format called `name` (e.g. "q8_0"); UnsupportedModelError if unknown."""
+    t = KV_CACHE_TYPES.get(str(name).lower())
+    if t is None:
+        raise UnsupportedModelError(f"cache type {name!r} is not supported (supported: {', '.join(KV_CACHE_TYPES)})")
+    return t
+
+
+def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
+    """float32 rows -> uint8 blocks for a KV-cache type; x: [..., n] -> [..., row_nbytes(n)]."""
+    q = quant_type(ggml_type)
+    if q.name.lower() not in KV_CACHE_TYPES:
+        raise UnsupportedModelError(
+            f"quantizing to {q.name} is not supported (supported: {', '.join(KV_CACHE_TYPES)})")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.shape[-1] if x.ndim else 1
+    rows = x.reshape(-1, n)
+    out = np.empty((rows.shape[0], row_nbytes(ggml_type, n)), np.uint8)
+    kq.quantize_rows(rows, q.ggml_type, out)
+    return out.reshape(x.shape[:-1] + (out.shape[1],))

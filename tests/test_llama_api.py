@@ -1,0 +1,292 @@
+"""Tests for edgekv/llama.py, the llama-cpp-python-compatible facade, on tiny random models
+written by tools/make_tiny_model.py (llama: GPT-2 BPE + ChatML; gemma3: SPM + Gemma turns)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgekv import ContextFullError, EdgeKVError, Llama
+from test_make_tiny_model import load_tool
+
+mtm = load_tool("make_tiny_model")
+TEXT = "Hello world! The quick brown fox jumps over the lazy dog."
+BAN = -1e9  # a logit bias that removes a token
+# logits of one position evaluated in chunks of different sizes: prefill and decode take
+# different kernel paths, which agree to float rounding (logits here are O(1))
+CHUNKING_ATOL = 2e-3
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: str(mtm.make_tiny_model(root / f"{arch}.gguf", arch=arch)) for arch in ("llama", "gemma3")}
+
+
+@pytest.fixture(params=["llama", "gemma3"])
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def llm(tiny_paths, arch):
+    return Llama(tiny_paths[arch], n_ctx=128)
+
+
+def no_eog(llm: Llama) -> dict[int, float]:
+    """A logit bias that keeps generation going until max_tokens."""
+    return {t: BAN for t in llm.tokenizer_.eog_ids | set(llm.chat_formatter.stop_token_ids)}
+
+
+def test_construction_and_model_facts(tiny_paths, arch):
+    llm = Llama(tiny_paths[arch], n_ctx=64, n_threads=1, n_gpu_layers=0, verbose=False)
+    assert llm.n_ctx() == 64 and llm.n_tokens == 0
+    assert llm.n_vocab() == llm.tokenizer_.n_vocab
+    assert llm.token_bos() == llm.tokenizer_.bos_id and llm.token_eos() == llm.tokenizer_.eos_id
+    assert llm.metadata["general.architecture"] == arch
+    assert Llama(tiny_paths[arch]).n_ctx() == 256  # "auto": the trained context (below 4096)
+    assert llm.scores.shape == (0, llm.n_vocab())
+    with pytest.raises(TypeError, match="flux_capacitor"):
+        Llama(tiny_paths[arch], flux_capacitor=1)
+    with pytest.raises(EdgeKVError, match="n_ctx"):
+        Llama(tiny_paths[arch], n_ctx=-5)
+    with pytest.raises(EdgeKVError, match="chat_format"):
+        Llama(tiny_paths[arch], chat_format="alpaca")
+
+
+def test_tokenize_detokenize_round_trip(llm):
+    ids = llm.tokenize(TEXT.encode())
+    assert ids == llm.tokenize(TEXT)
+    assert llm.detokenize(ids) == TEXT.encode()
+    bos = llm.token_bos()
+    assert (ids[0] == bos) == llm.tokenizer_.add_bos
+    assert llm.tokenize(TEXT, add_bos=False) == [t for t in ids if t != bos or not llm.tokenizer_.add_bos]
+    head, tail = ids[:5], ids[5:]
+    assert llm.detokenize(head) + llm.detokenize(tail, prev_tokens=head) == TEXT.encode()
+
+
+def test_generate_is_deterministic_for_a_seed(tiny_paths, arch):
+    def run(seed, n=12):
+        llm = Llama(tiny_paths[arch], n_ctx=64, seed=seed)
+        out = []
+        for token in llm.generate(llm.tokenize(TEXT), temp=1.0, top_k=0, top_p=1.0, min_p=0.0):
+            out.append(token)
+            if len(out) == n:
+                return out, llm
+
+    a, llm = run(7)
+    assert run(7)[0] == a and run(8)[0] != a
+    assert llm.n_tokens == len(llm.tokenize(TEXT)) + len(a) - 1  # the last token was never evaluated
+
+
+def test_greedy_generate_follows_argmax(llm):
+    ids = llm.tokenize(TEXT)
+    gen = llm.generate(ids, temp=0.0)
+    tokens = [next(gen) for _ in range(4)]
+    gen.close()
+    probe = Llama(llm.model_path, n_ctx=128)
+    expected = []
+    for token in tokens:
+        probe.eval(ids + expected if not expected else [expected[-1]])
+        expected.append(int(np.argmax(probe.scores[-1])))
+    assert tokens == expected
+
+
+def test_completion_dict_and_usage(llm):
+    out = llm("The quick", max_tokens=6, temperature=0.0, logit_bias=no_eog(llm))
+    assert set(out) == {"id", "object", "created", "model", "choices", "usage"}
+    assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+    (choice,) = out["choices"]
+    assert choice["finish_reason"] == "length" and choice["index"] == 0
+    n_prompt = len(llm.tokenize("The quick", special=True))
+    assert out["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 6, "total_tokens": n_prompt + 6}
+    generated = llm.input_ids[n_prompt:].tolist()  # 5 evaluated + the last one sampled
+    gen = llm.generate(llm.tokenize("The quick", special=True), temp=0.0, logit_bias=no_eog(llm))
+    tokens = [next(gen) for _ in range(6)]
+    gen.close()
+    assert tokens[:5] == generated
+    assert choice["text"] == llm.detokenize(tokens).decode("utf-8", errors="replace")
+    echoed = llm("The quick", max_tokens=2, temperature=0.0, echo=True)
+    assert echoed["choices"][0]["text"].startswith("The quick")
+
+
+def test_prefix_reuse_evaluates_only_new_tokens(llm):
+    llm("The quick brown fox", max_tokens=3, temperature=0.0)
+    llm("The quick brown fox", max_tokens=3, temperature=0.0)
+    assert llm.last_stats.prompt_eval_tokens == 1  # the last prompt token is replayed for its logits
+    llm("The quick brown fox jumps", max_tokens=1, temperature=0.0)
+    n_new = len(llm.tokenize("The quick brown fox jumps", special=True)) - len(
+        llm.tokenize("The quick brown fox", special=True))
+    assert 1 <= llm.last_stats.prompt_eval_tokens <= n_new + 1
+
+
+def spanning_stop(llm: Llama, tokens: list[int]) -> str:
+    """A stop string that starts inside one token's text and ends in the next one's (inside
+    it when that token has two characters or more)."""
+    pieces = [llm.detokenize([t]).decode("utf-8", errors="replace") for t in tokens]
+    text = "".join(pieces)
+    for i in range(1, len(pieces) - 1):
+        a, b = pieces[i], pieces[i + 1]
+        if len(a) >= 2 and b and (a + b).isprintable() and "\ufffd" not in a + b:
+            stop = a[1:] + b[: max(1, len(b) - 1)]
+            if text.find(stop) == len("".join(pieces[:i])) + 1:
+                return stop
+    pytest.fail(f"no token pair to build a spanning stop string from in {pieces}")
+
+
+def test_stop_string_spanning_tokens(llm):
+    kwargs = dict(max_tokens=40, temperature=0.0, logit_bias=no_eog(llm))
+    full = llm(TEXT, **kwargs)["choices"][0]["text"]
+    gen = llm.generate(llm.tokenize(TEXT, special=True), temp=0.0, logit_bias=no_eog(llm))
+    tokens = [next(gen) for _ in range(40)]
+    gen.close()
+    stop = spanning_stop(llm, tokens)
+    out = llm(TEXT, stop=["never-there", stop], **kwargs)
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["text"] == full[: full.find(stop)]
+    streamed = "".join(c["choices"][0]["text"] for c in llm(TEXT, stop=stop, stream=True, **kwargs))
+    assert streamed == full[: full.find(stop)]
+
+
+def test_streaming_concatenates_to_the_non_streaming_text(llm):
+    kwargs = dict(max_tokens=20, temperature=0.9, seed=3)
+    whole = llm(TEXT, **kwargs)
+    chunks = list(llm(TEXT, stream=True, **kwargs))
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][:-1] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+def test_streaming_never_splits_a_utf8_character(llm):
+    # every byte token may come out; each chunk must still be whole characters
+    kwargs = dict(max_tokens=60, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    for chunk in llm(TEXT, stream=True, **kwargs):
+        text = chunk["choices"][0]["text"]
+        assert text.encode("utf-8").decode("utf-8") == text
+
+
+def test_chat_completion(llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    out = llm.create_chat_completion(messages, max_tokens=8, temperature=0.0)
+    assert out["object"] == "chat.completion" and out["id"].startswith("chatcmpl-")
+    message = out["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert out["usage"]["prompt_tokens"] == len(llm.chat_formatter.encode(messages))
+    chunks = list(llm.create_chat_completion(messages, max_tokens=8, temperature=0.0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == message["content"]
+
+
+def test_chat_stops_at_the_turn_end_token(llm):
+    turn_end = llm.chat_formatter.stop_token_ids[0]
+    out = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.0,
+                                     logit_bias={turn_end: 1e9})
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["message"]["content"] == "" and out["usage"]["completion_tokens"] == 0
+
+
+def test_max_tokens_none_fills_the_context(tiny_paths, arch):
+    llm = Llama(tiny_paths[arch], n_ctx=24)
+    out = llm("The quick", max_tokens=None, temperature=0.0, logit_bias=no_eog(llm))
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["total_tokens"] == 24
+
+
+def test_context_full_error_leaves_the_object_usable(tiny_paths, arch):
+    llm = Llama(tiny_paths[arch], n_ctx=16)
+    llm("Hello", max_tokens=2, temperature=0.0)
+    before = llm.input_ids.copy()
+    with pytest.raises(ContextFullError) as info:
+        llm(TEXT * 3, max_tokens=2)
+    assert info.value.n_ctx == 16 and info.value.n_tokens == len(llm.tokenize(TEXT * 3, special=True))
+    np.testing.assert_array_equal(llm.input_ids, before)
+    with pytest.raises(ContextFullError):
+        llm.create_chat_completion([{"role": "user", "content": TEXT * 3}])
+    out = llm("Hello", max_tokens=3, temperature=0.0)
+    assert out["usage"]["prompt_tokens"] == len(llm.tokenize("Hello"))
+
+
+def test_logits_all_scores(tiny_paths, arch):
+    ids = Llama(tiny_paths[arch], n_ctx=64).tokenize(TEXT)
+    full = Llama(tiny_paths[arch], n_ctx=64, n_batch=4, logits_all=True)  # several chunks
+    full.eval(ids[:7])
+    full.eval(ids[7:])
+    assert full.scores.shape == (len(ids), full.n_vocab())
+    last = Llama(tiny_paths[arch], n_ctx=64)
+    for n in (1, 5, len(ids)):
+        last.reset()
+        last.eval(ids[:n])
+        assert last.scores.shape == (1, last.n_vocab())
+        np.testing.assert_allclose(full.scores[n - 1], last.scores[0], rtol=0, atol=CHUNKING_ATOL)
+    full.reset()
+    assert full.scores.shape == (0, full.n_vocab())
+
+
+def test_save_and_load_state(llm):
+    ids = llm.tokenize(TEXT)
+    llm.eval(ids)
+    state = llm.save_state()
+
+    def greedy_continuation():
+        gen = llm.generate([], temp=0.0, reset=False)
+        tokens = [next(gen) for _ in range(5)]
+        gen.close()
+        return tokens
+
+    first = greedy_continuation()
+    llm("Something else entirely", max_tokens=4)
+    llm.load_state(state)
+    assert llm.n_tokens == len(ids) and llm.input_ids.tolist() == ids
+    assert greedy_continuation() == first
+    llm.reset()
+    with pytest.raises(EdgeKVError, match="context"):
+        Llama(llm.model_path, n_ctx=32).load_state(state)
+
+
+def test_unsupported_options_raise(llm):
+    with pytest.raises(EdgeKVError, match="logprobs"):
+        llm("Hi", logprobs=3)
+    with pytest.raises(EdgeKVError, match="mirostat"):
+        llm("Hi", mirostat_mode=2)
+    with pytest.raises(EdgeKVError, match="tools"):
+        llm.create_chat_completion([{"role": "user", "content": "Hi"}], tools=[{"type": "function"}])
+
+
+def test_stopping_criteria_and_sent_tokens(llm):
+    calls = []
+
+    def after_three(input_ids, logits):
+        calls.append((len(input_ids), logits.shape))
+        return len(calls) > 3
+
+    out = llm("The quick", max_tokens=10, temperature=0.0, stopping_criteria=after_three, logit_bias=no_eog(llm))
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 3
+    assert calls[0][1] == (llm.n_vocab(),)
+    ids = llm.tokenize("The quick")
+    gen = llm.generate(ids, temp=0.0)
+    first = next(gen)
+    gen.send([5, 6])  # evaluated after `first`
+    gen.close()
+    assert llm.input_ids.tolist() == ids + [first, 5, 6]
+
+
+# margin on llama.cpp's top-2 log-prob gap before a greedy step is compared: quantized
+# arithmetic here moves log-probs by up to ~0.3 against llama.cpp's
+GREEDY_GAP_MARGIN = 0.5
+
+
+@pytest.mark.slow
+def test_chat_matches_llama_cpp_on_smollm2(smollm2_path, reference):
+    """The facade end to end on a real model: the chat prompt's ids and the greedy answer."""
+    llm = Llama(str(smollm2_path), n_ctx=256)
+    for case in reference["models"]["smollm2-135m-instruct-q4_1"]["chat"]:
+        steps = 0
+        while steps < 8 and -float(np.diff(case["steps_top"][steps]["logprobs"][:2])[0]) >= GREEDY_GAP_MARGIN:
+            steps += 1
+        out = llm.create_chat_completion(case["messages"], max_tokens=max(steps, 1), temperature=0.0)
+        assert llm.input_ids[: len(case["prompt_ids"])].tolist() == case["prompt_ids"]
+        assert out["usage"]["prompt_tokens"] == len(case["prompt_ids"])
+        expected = llm.detokenize(case["greedy_ids"][:steps]).decode("utf-8", errors="replace")
+        assert out["choices"][0]["message"]["content"][: len(expected)] == expected
