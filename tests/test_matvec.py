@@ -23,6 +23,7 @@ from edgekv.errors import UnsupportedModelError
 from edgekv.gguf import GGUFFile
 from edgekv.kernels import activations as act
 from edgekv.kernels import matvec as mv
+from edgekv.kernels import repack as rp
 from edgekv.kernels.matvec import QuantMatrix
 
 F32_SUM = 2.0**-24  # per accumulated term: |error| <= n * F32_SUM * sum |w x| (float32 sums of n terms)
@@ -136,6 +137,7 @@ def test_activation_quantizers_match_llama_cpp():
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: T(t).name)
 def test_matmul_and_rows(ggml_type, monkeypatch):
     monkeypatch.setattr(mv, "TILE_BYTES", 512 * 4 * 128)  # 2 groups per tile: several tiles, a partial last one
+    monkeypatch.setattr(rp, "CHUNK_BYTES", 1)  # repack one 64-row group per step
     n_rows, n_cols = 300, 512
     raw, W, m = make_weight(ggml_type, n_rows, n_cols, seed=7 + ggml_type)
     rng = np.random.default_rng(3)

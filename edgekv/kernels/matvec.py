@@ -145,7 +145,13 @@ def _check(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
 
 
 class QuantMatrix:
-    """A [n_rows, n_cols] weight (ggml ne0 = n_cols, the contiguous row length)."""
+    """A [n_rows, n_cols] weight (ggml ne0 = n_cols, the contiguous row length).
+
+    `raw` is the tensor's exact file bytes (e.g. TensorInfo.data); they are copied into
+    the lane layout, so the file mapping may be closed afterwards. Attributes: n_rows,
+    n_cols, ggml_type, quant (the QuantType), nbytes (memory held). The scratch buffers
+    live on the instance: one instance must not be used by two threads at once.
+    """
 
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int = LANES):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
@@ -157,7 +163,7 @@ class QuantMatrix:
         self.quant = q
         self.ggml_type = q.ggml_type
         self.n_rows, self.n_cols = int(n_rows), int(n_cols)
-        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.block_size, q.type_size, lanes)
+        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.type_size, lanes)
         self.lanes = lanes
         self.nbytes = self._p.nbytes
         self._act_kind = {"q8_0": 1, "q8_1": 1, "q8_K": 2}.get(q.act, 0)

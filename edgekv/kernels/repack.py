@@ -1,6 +1,6 @@
 """Load-time repacking of a weight into the "lane" layout the matrix kernels read.
 
-What lives here: `repack(raw, ggml_type, n_rows, n_cols, lanes) -> Packed`, plain NumPy,
+What lives here: `repack(raw, ggml_type, n_rows, n_cols, type_size, lanes) -> Packed`, NumPy,
 run once per weight at model load. What does not: the kernels that read the layout
 (dot_q.py, dot_k.py, unpack.py, matvec.py) and the file layout itself (quants.py).
 
@@ -42,6 +42,7 @@ _FIELDS: dict[int, dict[str, tuple[int, int]]] = {
     int(T.Q6_K): {"qs": (0, 128), "qh": (128, 64), "sc": (192, 16), "d": (208, 2)},
 }
 FLOAT_TYPES = (int(T.F32), int(T.F16), int(T.BF16))
+CHUNK_BYTES = 8 << 20  # file bytes repacked per step
 
 
 @dataclass
@@ -61,12 +62,6 @@ class Packed:
         return sum(a.nbytes for a in (self.qs, self.qh, self.sc, self.d, self.w))
 
 
-def to_lanes(field: np.ndarray, lanes: int) -> np.ndarray:
-    """[n_rows_padded, NB, X] -> [G, NB, X, R] (rows of a group become the last axis)."""
-    n, nb, x = field.shape
-    return np.ascontiguousarray(field.reshape(n // lanes, lanes, nb, x).transpose(0, 2, 3, 1))
-
-
 def unpack_k4_scales(s: np.ndarray) -> np.ndarray:
     """Q4_K/Q5_K packed scales u8[..., 12] -> u8[..., 16]: 8 six-bit scales, then 8 mins."""
     lo_sc, lo_mn, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
@@ -75,26 +70,14 @@ def unpack_k4_scales(s: np.ndarray) -> np.ndarray:
     return np.concatenate([sc, mn], axis=-1).astype(np.uint8)
 
 
-def _empty(n_groups: int, n_blocks: int, lanes: int, dtype) -> np.ndarray:
-    return np.zeros((n_groups, n_blocks, 0, lanes), dtype)
-
-
-def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, block_size: int,
-           type_size: int, lanes: int) -> Packed:
-    """The file bytes of an [n_rows, n_cols] weight -> lane layout (validated by the caller)."""
-    n_groups = -(-n_rows // lanes)
-    rows = np.zeros((n_groups * lanes, n_cols // block_size * type_size), np.uint8)
-    rows[:n_rows] = np.asarray(raw, np.uint8).reshape(n_rows, -1)
+def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) -> dict[str, np.ndarray]:
+    """File rows u8[n, row_nbytes] -> each field as [n, NB, X] (F32/F16/BF16: NB = n_cols, X = 1)."""
+    n = rows.shape[0]
     if ggml_type == int(T.F32):
-        w = to_lanes(rows.view(np.float32).reshape(-1, n_cols, 1), lanes)[:, :, 0, :]
-        none = _empty(n_groups, 1, lanes, np.uint8)
-        return Packed(lanes, n_groups, none, none, none, _empty(n_groups, 1, lanes, np.uint16), w)
-    if ggml_type in FLOAT_TYPES:  # F16/BF16: the bits in d's place, d[g, c, 0, r]
-        d = to_lanes(rows.view(np.uint16).reshape(-1, n_cols, 1), lanes)
-        none = _empty(n_groups, n_cols, lanes, np.uint8)
-        return Packed(lanes, n_groups, none, none, none, d, np.zeros((n_groups, 0, lanes), np.float32))
-    n_blocks = n_cols // block_size
-    blocks = rows.reshape(n_groups * lanes, n_blocks, type_size)
+        return {"w": rows.view(np.float32).reshape(n, n_cols, 1)}
+    if ggml_type in FLOAT_TYPES:  # F16/BF16 bits travel in d's place
+        return {"d": rows.view(np.uint16).reshape(n, n_cols, 1)}
+    blocks = rows.reshape(n, -1, type_size)
     fields = {}
     for name, (start, length) in _FIELDS[ggml_type].items():
         part = blocks[:, :, start:start + length]
@@ -102,7 +85,32 @@ def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, block_size
             part = np.ascontiguousarray(part).view(np.uint16)
         elif name == "sc" and ggml_type != int(T.Q6_K):
             part = unpack_k4_scales(part)
-        fields[name] = to_lanes(part, lanes)
-    none = _empty(n_groups, n_blocks, lanes, np.uint8)
-    return Packed(lanes, n_groups, fields["qs"], fields.get("qh", none), fields.get("sc", none), fields["d"],
-                  np.zeros((n_groups, 0, lanes), np.float32))
+        fields[name] = part
+    return fields
+
+
+def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size: int, lanes: int) -> Packed:
+    """The file bytes of an [n_rows, n_cols] weight -> lane layout (validated by the caller).
+
+    Works through CHUNK_BYTES of the file at a time, so loading needs the repacked
+    weight plus a few MB, not several copies of the largest tensor.
+    """
+    raw = np.asarray(raw, np.uint8).reshape(n_rows, -1)
+    n_groups = -(-n_rows // lanes)
+    per_step = max(1, CHUNK_BYTES // (lanes * raw.shape[1]))  # groups per step
+    out: dict[str, np.ndarray] = {}
+    for g0 in range(0, n_groups, per_step):
+        g1 = min(n_groups, g0 + per_step)
+        rows = np.zeros(((g1 - g0) * lanes, raw.shape[1]), np.uint8)  # zero rows pad the last group
+        part = raw[g0 * lanes:g1 * lanes]
+        rows[:part.shape[0]] = part
+        for name, field in row_fields(rows, ggml_type, n_cols, type_size).items():
+            _, nb, x = field.shape
+            if name not in out:
+                out[name] = np.empty((n_groups, nb, x, lanes), field.dtype)
+            out[name][g0:g1] = field.reshape(g1 - g0, lanes, nb, x).transpose(0, 2, 3, 1)
+    n_blocks = out["qs"].shape[1] if "qs" in out else 1
+    none = np.zeros((n_groups, n_blocks, 0, lanes), np.uint8)
+    return Packed(lanes, n_groups, out.get("qs", none), out.get("qh", none), out.get("sc", none),
+                  out.get("d", np.zeros((n_groups, n_blocks, 0, lanes), np.uint16)),
+                  out["w"][:, :, 0, :] if "w" in out else np.zeros((n_groups, 0, lanes), np.float32))
