@@ -23,6 +23,7 @@ from edgekv.errors import UnsupportedModelError
 from edgekv.gguf import GGUFFile
 from edgekv.kernels import activations as act
 from edgekv.kernels import matvec as mv
+from edgekv.kernels.config import BLAS_MIN_TOKENS
 from edgekv.kernels import repack as rp
 from edgekv.kernels.matvec import QuantMatrix
 
@@ -141,12 +142,12 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
     n_rows, n_cols = 300, 512
     raw, W, m = make_weight(ggml_type, n_rows, n_cols, seed=7 + ggml_type)
     rng = np.random.default_rng(3)
-    for n_tok in (2, mv.MATMUL_MIN_TOKENS + 1):  # one matvec per token; dequantized tiles + BLAS
+    for n_tok in (2, BLAS_MIN_TOKENS + 1):  # one matvec per token; dequantized tiles + BLAS
         x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
         out = np.full((n_tok, n_rows), np.nan, np.float32)
         m.matmul(x, out)
         ref = x.astype(np.float64) @ W.T
-        if n_tok < mv.MATMUL_MIN_TOKENS:
+        if n_tok < BLAS_MIN_TOKENS:
             bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type)) for t in range(n_tok)])
         else:
             bound = n_cols * F32_SUM * (np.abs(x.astype(np.float64)) @ np.abs(W).T)
@@ -159,7 +160,7 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
 
 def test_matmul_writes_into_strided_batches_of_a_scratch():
     _, W, m = make_weight(int(T.Q4_0), 128, 256, seed=1)
-    n = mv.MATMUL_MIN_TOKENS + 4
+    n = BLAS_MIN_TOKENS + 4
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 128), np.float32)
     m.matmul(scratch_x[:n], scratch_out[:n])  # the first rows of a session's batch buffers

@@ -1,12 +1,16 @@
 """Attention over the KV cache: GQA, causal and sliding-window masks.
 
 K and V are stored as IEEE half bit patterns (uint16) because Numba has no float16
-type; a 65,536-entry table turns them back into float32. The arithmetic follows
-llama.cpp's CPU attention (no flash attention), because these small models are
-sensitive enough that its roundings decide greedy tokens: Q is rounded to f16 before
-the Q·K dot (ggml converts it to K's type), scores and softmax are float32, and the
-normalised probabilities are rounded to f16 before they weight V. Slots are visited in
-storage order: positions are baked into K by RoPE, so only the masks read `slot_pos`.
+type; a 65,536-entry table turns them back into float32. `attention_f16` reproduces
+llama.cpp's CPU attention (no flash attention) bit for bit, because these small models
+are sensitive enough that its roundings decide greedy tokens: Q is rounded to f16
+before the Q·K dot (ggml converts it to K's type), each dot product sums in the lane
+order of the code llama.cpp runs (ggml_vec_dot_f16 for one token, llamafile's tinyBLAS
+for a chunk), the softmax uses ggml's vector exp and its 16-lane sums, and the
+normalised probabilities are rounded to f16 before they weight V. Long prefill chunks
+use `attention_chunk_blas` instead: the same roundings, BLAS summation order (last-bit
+differences), ten times faster. Slots are visited in storage order: positions are baked
+into K by RoPE, so only the masks read `slot_pos`.
 """
 
 from __future__ import annotations
@@ -48,18 +52,68 @@ def softmax_numerators(row, n, m):
     return total
 
 
+@nb.njit(**EXACT_FLAGS)
+def _fma(a, b, c):
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@nb.njit(**EXACT_FLAGS)
+def _reduce16(v):
+    # _mm512_reduce_add_ps: lanes i + i+8, then i + i+4, then (0+2) + (1+3)
+    a = np.empty(8, np.float32)
+    for i in range(8):
+        a[i] = v[i + 8] + v[i]
+    for i in range(4):
+        a[i] = a[i + 4] + a[i]
+    return np.float32(np.float32(a[0] + a[2]) + np.float32(a[1] + a[3]))
+
+
+@nb.njit(**EXACT_FLAGS)
+def _fold_lanes(lanes):
+    # GGML_F32x16_REDUCE of 4 accumulators lanes[4, 16, m] -> lanes[0, :, m] summed over
+    # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16
+    for l in range(16):
+        for e in range(lanes.shape[2]):
+            lanes[0, l, e] = np.float32(np.float32(lanes[0, l, e] + lanes[2, l, e])
+                                        + np.float32(lanes[1, l, e] + lanes[3, l, e]))
+
+
+@nb.njit(**EXACT_FLAGS)
+def _register(i, one_register):
+    # which 16-lane register element i of a dot product accumulates in: ggml_vec_dot_f16
+    # (one query: llama.cpp's decode) cycles through 4 registers every 64 elements;
+    # llamafile's tinyBLAS (a chunk of 2 or more queries) keeps a single register
+    return 0 if one_register else (i % 64) // 16
+
+
+@nb.njit(**EXACT_FLAGS)
+def dot_f16(q, k_row, lut, lanes, one_register):
+    # element i is FMA-accumulated in lane i % 16 of register _register(i), then the
+    # registers are folded and the lanes reduced; q: f32[hd] (f16 values), k_row: u16[hd]
+    lanes[:] = 0.0
+    for i in range(q.shape[0]):
+        j, l = _register(i, one_register), i % 16
+        lanes[j, l, 0] = _fma(q[i], lut[k_row[i]], lanes[j, l, 0])
+    _fold_lanes(lanes)
+    return _reduce16(lanes[0, :, 0])
+
+
 @nb.njit(**PARALLEL_FLAGS)
-def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, lut, scores, out):
+def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, lut, scores, pv, out):
     # q: f32[n, n_heads, hd_k] (rounded to f16 in place); q_pos: i32[n]
     # k_cache: u16[n_kv, cap, hd_k]; v_cache: u16[n_kv, cap, hd_v]; slot_pos: i32[cap] (-1 = empty)
-    # scores: f32[>= n * n_heads, >= n_slots] scratch; out: f32[n, n_heads, hd_v]
-    # slot s is visible to query t if 0 <= pos <= q_pos[t] and (window == 0 or q_pos[t] - pos < window)
+    # scores: f32[>= n * n_heads, >= n_slots]; pv: f32[threads, 4, 16, hd_v] scratch
+    # out: f32[n, n_heads, hd_v]. Slot s is visible to query t if 0 <= pos <= q_pos[t]
+    # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc):
+    # slot s of the weighted sum of V goes to lane s % 16 of register _register(s).
     n, n_heads, hd_k = q.shape
+    one_register = n > 1
     hd_v = v_cache.shape[2]
     group = n_heads // k_cache.shape[0]
     for job in nb.prange(n * n_heads):
         t, h = job // n_heads, job % n_heads
         kvh, qp = h // group, q_pos[t]
+        lanes = pv[nb.get_thread_id()]
         for i in range(hd_k):
             q[t, h, i] = round_f16(q[t, h, i])
         row = scores[job]
@@ -69,20 +123,20 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
             if p < 0 or p > qp or (window > 0 and qp - p >= window):
                 row[s] = -np.inf
                 continue
-            dot = np.float32(0.0)
-            for i in range(hd_k):
-                dot += q[t, h, i] * lut[k_cache[kvh, s, i]]
-            row[s] = dot * scale
+            row[s] = dot_f16(q[t, h], k_cache[kvh, s], lut, lanes, one_register) * scale
             m = max(m, row[s])
         denom = softmax_numerators(row, n_slots, m)
-        acc = out[t, h]
-        acc[:] = 0.0
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
+        lanes[:] = 0.0
         for s in range(n_slots):
             if row[s] != 0.0:
                 w = round_f16(row[s] * inv)
-                for i in range(hd_v):
-                    acc[i] += w * lut[v_cache[kvh, s, i]]
+                j, l = _register(s, one_register), s % 16
+                for e in range(hd_v):
+                    lanes[j, l, e] = _fma(w, lut[v_cache[kvh, s, e]], lanes[j, l, e])
+        _fold_lanes(lanes)
+        for e in range(hd_v):
+            out[t, h, e] = _reduce16(lanes[0, :, e])
 
 
 @nb.njit(**PARALLEL_FLAGS)

@@ -104,3 +104,9 @@ def set_num_threads(n: int | None) -> int:
 
 def get_num_threads() -> int:
     return int(numba.get_num_threads())
+
+# Chunks of fewer tokens than this run the exact path: per-token integer matvecs and the
+# per-query attention kernel, which reproduce llama.cpp's arithmetic bit for bit. Longer
+# prefill chunks dequantize weight tiles into float32 BLAS products (and attend through
+# BLAS): several times faster, equal up to the last bits of float32 rounding.
+BLAS_MIN_TOKENS = 64

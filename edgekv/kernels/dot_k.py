@@ -4,12 +4,18 @@ What lives here: `dot_q4_k`, `dot_q5_k`, `dot_q6_k`. Same contract as dot_q.py: 
 group g of the lane layout (repack.py), leave the group's R dot products in acc[0:R].
 Per super-block b (256 values) and lane r, with sub-block sums S_i = sum code_w * code_x:
 
-    Q4_K/Q5_K: acc[r] += d_x * (d_w * sum_i sc_i * S_i  -  dmin_w * sum_i mn_i * X_i)
-    Q6_K:      acc[r] += d_x * d_w * sum_i sc_i * (S_i - 32 * X_i)
+    Q4_K/Q5_K: T = sum_i sc_i * S_i, M = sum_i mn_i * X_i (int32), and over super-blocks
+               acc = fma(T, d_w * d_x, acc), acc_min = fma(M, dmin_w * d_x, acc_min);
+               the result is acc - acc_min (llama.cpp's x86 gemv on its repacked Q4_K)
+    Q6_K:      8 int32 lanes, as llama.cpp's AVX2 vec_dot_q6_K_q8_K: lane j holds the
+               values whose index within their 32-value run is 4j..4j+3, times their
+               sub-block scale, minus 32 * (X_2j sc_2j + X_2j+1 sc_2j+1); per super-block
+               acc8[j] = fma(d_x * d_w, lane_j, acc8[j]), then hsum_float_8
 
 where X_i is the sum of the activation codes under sub-block i (from q8_K's sums of 16),
-so the mins and the -32 offset never touch the inner loop. Everything up to the last
-multiply is int32. What does not live here: the parallel loop (matvec.py).
+so the mins and the -32 offset never touch the inner loop. Results land in acc[0]; the
+float steps follow llama.cpp exactly (see dot_q.py for why). What does not live here:
+the parallel loop (matvec.py).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numba as nb
 import numpy as np
 
 from .config import JIT_FLAGS
+from .dot_q import fma, lanes_fma, lanes_hsum
 from .fp16 import f16_to_f32
 
 F32 = np.float32
@@ -63,7 +70,7 @@ def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
     # xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]; acc: f32[R]; isum: i32[>=4, R]
     n_sb, R = qs.shape[1], qs.shape[3]
     lo, hi, tot, mins = isum[0], isum[1], isum[2], isum[3]
-    acc[:] = 0.0
+    acc[:] = 0.0  # acc[1]: sum of T terms, acc[2]: sum of M terms
     for b in range(n_sb):
         tot[:] = 0
         mins[:] = 0
@@ -79,7 +86,10 @@ def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
         dx = xd[b, 0]
         dw, dm = d[g, b, 0], d[g, b, 1]
         for r in range(R):
-            acc[r] += dx * (f16_to_f32(dw[r]) * F32(tot[r]) - f16_to_f32(dm[r]) * F32(mins[r]))
+            acc[1, r] = fma(F32(tot[r]), F32(f16_to_f32(dw[r]) * dx), acc[1, r])
+            acc[2, r] = fma(F32(mins[r]), F32(f16_to_f32(dm[r]) * dx), acc[2, r])
+    for r in range(R):
+        acc[0, r] = F32(acc[1, r] - acc[2, r])
 
 
 @nb.njit(**JIT_FLAGS)
@@ -93,46 +103,56 @@ def code6(low4, high2):
 @nb.njit(**JIT_FLAGS)
 def q6_quarter_sums(qs, qh, g, b, h, half, xq, s):
     # the four 16-value sub-blocks 8h + 2k + half (k = 0..3) of a Q6_K super-block, which
-    # share their ql/qh bytes: s[k, r] = sum over l in [16 half, 16 half + 16) of
-    # code_k(l, r) * xq[b, 128h + 32k + l]. Values go in pairs (l, l+1) so that LLVM maps
-    # a*x + b*y to 16-bit multiply-adds; all shifts are constants.
+    # share their ql/qh bytes, summed in runs of 4 values: s[4k + jj, r] = sum over
+    # l in 16 half + 4jj .. +3 of code_k(l, r) * xq[b, 128h + 32k + l] (raw codes 0..63).
+    # Values go in pairs (l, l+1): LLVM maps a*x + b*y to 16-bit multiply-adds.
     R = qs.shape[3]
-    s[0:4] = 0
+    s[0:16] = 0
     for l in range(16 * half, 16 * half + 16, 2):
         o = 128 * h + l
+        jj = (l - 16 * half) >> 2
         x0a, x0b, x1a, x1b = I32(xq[b, o]), I32(xq[b, o + 1]), I32(xq[b, o + 32]), I32(xq[b, o + 33])
         x2a, x2b, x3a, x3b = I32(xq[b, o + 64]), I32(xq[b, o + 65]), I32(xq[b, o + 96]), I32(xq[b, o + 97])
         pa, pb = qs[g, b, 64 * h + l], qs[g, b, 64 * h + l + 1]  # quarters 0 (low), 2 (high)
         ra, rb = qs[g, b, 64 * h + 32 + l], qs[g, b, 64 * h + 33 + l]  # quarters 1, 3
         ea, eb = qh[g, b, 32 * h + l], qh[g, b, 32 * h + l + 1]  # 2 bits per quarter
+        s0, s1, s2, s3 = s[jj], s[4 + jj], s[8 + jj], s[12 + jj]
         for r in range(R):
             a0, b0, a1, b1 = I32(pa[r]), I32(pb[r]), I32(ra[r]), I32(rb[r])
             ha, hb = I32(ea[r]), I32(eb[r])
-            s[0, r] = I32(s[0, r] + I32(code6(a0 & 15, ha) * x0a) + I32(code6(b0 & 15, hb) * x0b))
-            s[1, r] = I32(s[1, r] + I32(code6(a1 & 15, ha >> 2) * x1a) + I32(code6(b1 & 15, hb >> 2) * x1b))
-            s[2, r] = I32(s[2, r] + I32(code6(a0 >> 4, ha >> 4) * x2a) + I32(code6(b0 >> 4, hb >> 4) * x2b))
-            s[3, r] = I32(s[3, r] + I32(code6(a1 >> 4, ha >> 6) * x3a) + I32(code6(b1 >> 4, hb >> 6) * x3b))
+            s0[r] = I32(s0[r] + I32(code6(a0 & 15, ha) * x0a) + I32(code6(b0 & 15, hb) * x0b))
+            s1[r] = I32(s1[r] + I32(code6(a1 & 15, ha >> 2) * x1a) + I32(code6(b1 & 15, hb >> 2) * x1b))
+            s2[r] = I32(s2[r] + I32(code6(a0 >> 4, ha >> 4) * x2a) + I32(code6(b0 >> 4, hb >> 4) * x2b))
+            s3[r] = I32(s3[r] + I32(code6(a1 >> 4, ha >> 6) * x3a) + I32(code6(b1 >> 4, hb >> 6) * x3b))
 
 
 @nb.njit(**JIT_FLAGS)
 def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
     # qs: u8[G, NSB, 128, R] (ql); qh: u8[G, NSB, 64, R]; sc: u8[G, NSB, 16, R] (int8 bits);
-    # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]; isum: i32[>=5, R]
+    # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]
+    # acc: f32[10, R]; isum: i32[>=24, R]: 16 run sums, then the 8 lanes
     n_sb, R = qs.shape[1], qs.shape[3]
-    tot = isum[4]
+    runs, lanes = isum[0:16], isum[16:24]
+    scale = acc[9]
     acc[:] = 0.0
     for b in range(n_sb):
-        tot[:] = 0
+        lanes[:] = 0
         for h in range(2):
             for half in range(2):
-                q6_quarter_sums(qs, qh, g, b, h, half, xq, isum)
+                q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
                 for k in range(4):
-                    i = 8 * h + 2 * k + half  # the sub-block of quarter k
-                    scale, s = sc[g, b, i], isum[k]
-                    off = 32 * xsum[b, i]
-                    for r in range(R):
-                        tot[r] = I32(tot[r] + I32(np.int8(scale[r])) * (s[r] - off))
-        dx = xd[b, 0]
-        dw = d[g, b, 0]
+                    sub = sc[g, b, 8 * h + 2 * k + half]
+                    for jj in range(4):
+                        lane, run = lanes[4 * half + jj], runs[4 * k + jj]
+                        for r in range(R):
+                            lane[r] = I32(lane[r] + I32(np.int8(sub[r])) * run[r])
+        for j in range(8):  # the -32 offset, by pairs of sub-blocks as ggml's q8sclsub
+            x0, x1 = xsum[b, 2 * j], xsum[b, 2 * j + 1]
+            s0, s1 = sc[g, b, 2 * j], sc[g, b, 2 * j + 1]
+            for r in range(R):
+                lanes[j, r] = I32(lanes[j, r] - 32 * (x0 * I32(np.int8(s0[r])) + x1 * I32(np.int8(s1[r]))))
+        dx, dw = xd[b, 0], d[g, b, 0]
         for r in range(R):
-            acc[r] += dx * f16_to_f32(dw[r]) * F32(tot[r])
+            scale[r] = F32(dx * f16_to_f32(dw[r]))
+        lanes_fma(acc, scale, lanes)
+    lanes_hsum(acc)

@@ -2,7 +2,7 @@
 
 Why: these small models are sensitive enough that one-ulp differences in exp, flipping
 an 8-bit activation rounding somewhere, change greedy tokens. llama.cpp's CPU build
-(AVX-512) computes the softmax's exp with `ggml_v_expf`, a polynomial with FMA
+(AVX-512) computes the exp of softmax and SiLU with `ggml_v_expf`, a polynomial with FMA
 steps (an ARM optimized-routines port), not the C library's expf, and GELU through a
 65,536-entry table indexed by the f16 bits of x (GGML_GELU_FP16). Each FMA is emulated
 exactly in float64: a float32 product is exact there, so only the final rounding
@@ -47,6 +47,12 @@ def v_expf(x):
     if abs(n) > 192.0 or n != n:
         return _f32(0.0) if n <= 0 else _f32(np.inf)
     return _f32(math.ldexp(np.float64(j), int(n)))
+
+
+@nb.njit(**EXACT_FLAGS)
+def v_silu(x):
+    # ggml_v_silu: x / (1 + v_expf(-x)), every step rounded to float32
+    return _f32(x / _f32(_f32(1.0) + v_expf(-x)))
 
 
 def _gelu_table() -> np.ndarray:

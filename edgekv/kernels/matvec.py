@@ -14,7 +14,8 @@ How each product is computed, and why:
   One call into Numba, no allocation: scratch lives on the QuantMatrix.
 - matmul: tiles of rows are dequantized to float32 (unpack.py) and multiplied by BLAS;
   for n tokens this reads the weight once, not n times. Dequantizing a tile costs about
-  as much as 4-6 matvecs, so below MATMUL_MIN_TOKENS tokens matmul loops over matvec.
+  as much as 4-6 matvecs; below config.BLAS_MIN_TOKENS tokens matmul loops over matvec,
+  which is also bit-identical to llama.cpp (see config.py).
   (The two paths round differently: q8 activations vs float32 ones.)
 - rows: one lane unpacked per requested row, bit-identical to quants.dequantize.
 """
@@ -32,19 +33,20 @@ from . import activations as act
 from . import config
 from .config import EXACT_FLAGS, JIT_FLAGS, LANES, PARALLEL_FLAGS, max_threads
 from .dot_k import dot_q4_k, dot_q6_k
-from .dot_q import dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0
+from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
 from .unpack import unpack_group
 
-MATMUL_MIN_TOKENS = 8  # below this, matmul = one matvec per token (measured break-even: 6-8)
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
-N_ISUM = 5  # int32 lane accumulators the dot kernels need (dot_q6_k: 4 sums + total)
+N_ISUM = 24  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs + 8 lanes)
+N_ACC = 10  # float32 scratch rows: the result, 8 SIMD-lane accumulators, one more sum
 
 
 @nb.njit(**JIT_FLAGS)
-def dot_float(kind, w, d, x, g, acc):
-    # F32: w f32[G, n, R]; F16 (kind 1) / BF16: d u16[G, n, 1, R]; x: f32[n]; acc: f32[R]
+def dot_float(kind, w, d, x, g, acc2):
+    # F32: w f32[G, n, R]; F16 (kind 1) / BF16: d u16[G, n, 1, R]; x: f32[n]; result in acc2[0]: f32[R]
+    acc = acc2[0]
     acc[:] = 0.0
     R = acc.shape[0]
     for c in range(x.size):
@@ -81,22 +83,14 @@ def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
 @nb.njit(**PARALLEL_FLAGS)
 def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out):
     # x: f32[n_cols] -> out: f32[n_rows]; weight in lane layout (repack.py), R = acc.shape[1]
-    # acc: f32[threads, R], isum: i32[threads, N_ISUM, R] per-thread scratch
+    # acc: f32[threads, N_ACC, R], isum: i32[threads, N_ISUM, R] per-thread scratch
     prepare_x(kind, act_kind, x, xq, xd, xsum, xf)
-    R = acc.shape[1]
+    R = acc.shape[2]
     for g in nb.prange(d.shape[0]):
         t = nb.get_thread_id()
         a, s = acc[t], isum[t]
-        if kind == 8:
-            dot_q8_0(qs, d, xq, xd, g, a, s)
-        elif kind == 2:
-            dot_q4_0(qs, d, xq, xd, xsum, g, a, s)
-        elif kind == 3:
-            dot_q4_1(qs, d, xq, xd, g, a, s)
-        elif kind == 6:
-            dot_q5_0(qs, qh, d, xq, xd, xsum, g, a, s)
-        elif kind == 7:
-            dot_q5_1(qs, qh, d, xq, xd, g, a, s)
+        if kind == 8 or kind == 2 or kind == 3 or kind == 6 or kind == 7:
+            dot_blocks(kind, qs, qh, d, xq, xd, g, a, s)
         elif kind == 12 or kind == 13:
             dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, a, s)
         elif kind == 14:
@@ -104,7 +98,7 @@ def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isu
         else:
             dot_float(kind, w, d, xf, g, a)
         for r in range(min(R, out.shape[0] - g * R)):
-            out[g * R + r] = a[r]
+            out[g * R + r] = a[0, r]
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
@@ -173,7 +167,7 @@ class QuantMatrix:
         self._xd = np.zeros((n_blocks, 2), np.float32)
         self._xsum = np.zeros((n_blocks, 16), np.int32)
         self._xf = np.zeros(0 if self._act_kind else self.n_cols, np.float32)
-        self._acc = np.zeros((max_threads(), lanes), np.float32)
+        self._acc = np.zeros((max_threads(), N_ACC, lanes), np.float32)
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
@@ -202,7 +196,7 @@ class QuantMatrix:
         n_tok = x.shape[0] if x.ndim == 2 else -1
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
-        if n_tok < MATMUL_MIN_TOKENS:
+        if n_tok < config.BLAS_MIN_TOKENS:
             for t in range(n_tok):
                 self.matvec(x[t], out[t])
             return

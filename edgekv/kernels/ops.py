@@ -3,7 +3,7 @@
 Each public kernel works in place or into a caller-owned buffer (no allocation), on
 float32 rows shaped [n_tok, ...]. Numerics follow ggml where it matters for matching
 llama.cpp: RMS norm sums float32 squares in float64, RoPE advances theta by repeated
-float32 multiplication, GELU uses ggml's f16 table (ggml_math.py).
+float32 multiplication, SiLU and GELU use ggml's vector exp and f16 table (ggml_math.py).
 Matrix products live in matvec.py, attention in attention.py.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS, PARALLEL_FLAGS
 from .fp16 import f32_to_f16
+from .ggml_math import v_silu
 
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama GGUFs (Q/K permuted at conversion)
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n_rot/2]): gemma, qwen2, ...
@@ -90,10 +91,14 @@ def rope_apply(x, cos_t, sin_t, mode):
 
 @nb.njit(**PARALLEL_FLAGS)
 def silu_mul(gate, up):
-    # gate, up: f32[n, ff]; gate <- silu(gate) * up
+    # gate, up: f32[n, ff]; gate <- silu(gate) * up, as ggml_vec_swiglu_f32: the vector
+    # SiLU (ggml_math.v_silu) on whole groups of 16, the C library's expf on the tail
     n, ff = gate.shape
+    tail = ff - ff % 16
     for t in nb.prange(n):
-        for i in range(ff):
+        for i in range(tail):
+            gate[t, i] = v_silu(gate[t, i]) * up[t, i]
+        for i in range(tail, ff):
             g = gate[t, i]
             gate[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, i]
 

@@ -17,6 +17,8 @@ from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+from ..kernels import config
+from ..kernels.config import max_threads
 from ..kernels.matvec import QuantMatrix
 from ..kernels.ops import rms_norm, rope_tables, softcap_inplace
 from ..quants import QUANT_TYPES, dequantize
@@ -126,16 +128,15 @@ class Scratch:
         self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
         self.n_batch = n_batch
         self._scores = np.zeros((0, 0), np.float32)
+        self._pv = np.zeros((max_threads(), 4, 16, hp.head_dim_v), np.float32)
 
-    def attn_scores(self, rows: int, capacity: int) -> np.ndarray:
-        """Score rows for the per-query attention kernel, grown once to the largest need."""
+    def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+        """Score rows and lane accumulators for the per-query attention kernel; the score
+        rows grow once to the largest need (decode then allocates nothing)."""
         if self._scores.shape[0] < rows or self._scores.shape[1] < capacity:
             self._scores = np.zeros((max(rows, self._scores.shape[0]), max(capacity, self._scores.shape[1])),
                                     np.float32)
-        return self._scores
-
-
-BLAS_ATTENTION_MIN_QUERIES = 16  # below this, the per-query Numba kernel is faster
+        return self._scores, self._pv
 
 
 def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
@@ -154,13 +155,13 @@ def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, slots: slice, po
     cache.write(layer, slots, k.reshape(n, hp.n_kv_heads, hp.head_dim), v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
     window = hp.window if hp.local_layers[layer] else 0
     q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
-    if n >= BLAS_ATTENTION_MIN_QUERIES:
+    if n >= config.BLAS_MIN_TOKENS:
         attention_chunk_blas(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop,
                              window, scale, out3)
     else:
-        scores = s.attn_scores(n * hp.n_heads, cache.capacity)
+        scores, pv = s.attn_scratch(n * hp.n_heads, cache.capacity)
         attention_f16(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop, window,
-                      np.float32(scale), F16_TO_F32, scores, out3)
+                      np.float32(scale), F16_TO_F32, scores, pv, out3)
 
 
 def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,
