@@ -55,13 +55,23 @@ def v_silu(x):
     return _f32(x / _f32(_f32(1.0) + v_expf(-x)))
 
 
-def _gelu_table() -> np.ndarray:
-    """f16 GELU(x) for every f16 x, in float32 (ggml_table_gelu_f16)."""
-    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    with np.errstate(all="ignore"):
+@nb.njit(**EXACT_FLAGS)
+def _gelu_f32(x16, out):
+    # ggml_gelu_f32 on every f16 value, in float32 with the C library's tanhf (NumPy's
+    # float32 tanh differs from glibc's in the last bit for some inputs)
+    for i in range(x16.size):
+        x = x16[i]
         inner = _f32(0.79788456080286535587989211986876) * x * (_f32(1.0) + _f32(0.044715) * x * x)
-        gelu = _f32(0.5) * x * (_f32(1.0) + np.tanh(inner))
-    return gelu.astype(np.float16).astype(np.float32)
+        out[i] = _f32(0.5) * x * (_f32(1.0) + math.tanh(inner))
+
+
+def _gelu_table() -> np.ndarray:
+    """f16 GELU(x) for every f16 x, as float32 (ggml_table_gelu_f16)."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    gelu = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        _gelu_f32(x, gelu)
+        return gelu.astype(np.float16).astype(np.float32)
 
 
 GELU_F16_TABLE = _gelu_table()
