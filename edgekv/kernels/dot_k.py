@@ -6,11 +6,13 @@ Per super-block b (256 values) and lane r, with sub-block sums S_i = sum code_w 
 
     Q4_K/Q5_K: T = sum_i sc_i * S_i, M = sum_i mn_i * X_i (int32), and over super-blocks
                acc = fma(T, d_w * d_x, acc), acc_min = fma(M, dmin_w * d_x, acc_min);
-               the result is acc - acc_min (llama.cpp's x86 gemv on its repacked Q4_K)
+               the result is acc - acc_min (llama.cpp's x86 gemv on its repacked Q4_K;
+               its gemm, for groups of 4 tokens, does the two FMAs per 64 values instead)
     Q6_K:      8 int32 lanes, as llama.cpp's AVX2 vec_dot_q6_K_q8_K: lane j holds the
                values whose index within their 32-value run is 4j..4j+3, times their
                sub-block scale, minus 32 * (X_2j sc_2j + X_2j+1 sc_2j+1); per super-block
-               acc8[j] = fma(d_x * d_w, lane_j, acc8[j]), then hsum_float_8
+               acc8[j] = fma(d_x * d_w, lane_j, acc8[j]), then hsum_float_8; in a batch
+               of 8 or more (ORDER_TILED): acc = fma(T * d_w, d_x, acc) per super-block
 
 where X_i is the sum of the activation codes under sub-block i (from q8_K's sums of 16),
 so the mins and the -32 offset never touch the inner loop. Results land in acc[0]; the
@@ -23,12 +25,17 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .config import JIT_FLAGS
+from .config import EXACT_FLAGS, JIT_FLAGS
 from .dot_q import fma, lanes_fma, lanes_hsum
 from .fp16 import f16_to_f32
 
 F32 = np.float32
 I32 = np.int32
+
+# Which llama.cpp kernel's float order to follow (bit flags, see the module docstring)
+ORDER_GEMV = 0  # one token: vec_dot (Q6_K) or the repacked-Q4_K gemv
+ORDER_GEMM = 1  # a token in a whole group of 4 of a batch: the repacked-Q4_K gemm
+ORDER_TILED = 2  # a batch of 8 or more tokens: the tiled K-quant matmul (Q6_K, Q5_K)
 
 
 @nb.njit(**JIT_FLAGS)
@@ -64,7 +71,7 @@ def k4_chunk_sums(qs, qh, g, b, c, xq, lo, hi):
 
 
 @nb.njit(**JIT_FLAGS)
-def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
+def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
     # qs: u8[G, NSB, 128, R]; qh: u8[G, NSB, 32 or 0, R] (Q5_K / Q4_K);
     # sc: u8[G, NSB, 16, R] (8 scales, 8 mins); d: u16[G, NSB, 2, R] (d, dmin)
     # xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]; acc: f32[R]; isum: i32[>=4, R]
@@ -83,13 +90,21 @@ def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
             for r in range(R):
                 tot[r] = I32(tot[r] + I32(s0[r]) * lo[r] + I32(s1[r]) * hi[r])
                 mins[r] = I32(mins[r] + I32(m0[r]) * x0 + I32(m1[r]) * x1)
-        dx = xd[b, 0]
-        dw, dm = d[g, b, 0], d[g, b, 1]
-        for r in range(R):
-            acc[1, r] = fma(F32(tot[r]), F32(f16_to_f32(dw[r]) * dx), acc[1, r])
-            acc[2, r] = fma(F32(mins[r]), F32(f16_to_f32(dm[r]) * dx), acc[2, r])
+            if (order & ORDER_GEMM) != 0 or c == 3:
+                k4_accumulate(d, g, b, xd[b, 0], tot, mins, acc)
+                tot[:] = 0
+                mins[:] = 0
     for r in range(R):
         acc[0, r] = F32(acc[1, r] - acc[2, r])
+
+
+@nb.njit(**JIT_FLAGS)
+def k4_accumulate(d, g, b, dx, tot, mins, acc):
+    # acc[1] = fma(T, d_w * d_x, acc[1]); acc[2] = fma(M, dmin_w * d_x, acc[2])
+    dw, dm = d[g, b, 0], d[g, b, 1]
+    for r in range(acc.shape[1]):
+        acc[1, r] = fma(F32(tot[r]), F32(f16_to_f32(dw[r]) * dx), acc[1, r])
+        acc[2, r] = fma(F32(mins[r]), F32(f16_to_f32(dm[r]) * dx), acc[2, r])
 
 
 @nb.njit(**JIT_FLAGS)
@@ -127,7 +142,43 @@ def q6_quarter_sums(qs, qh, g, b, h, half, xq, s):
 
 
 @nb.njit(**JIT_FLAGS)
-def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
+def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
+    if (order & ORDER_TILED) != 0:
+        dot_q6_k_tiled(qs, qh, sc, d, xq, xd, xsum, g, acc, isum)
+    else:
+        dot_q6_k_lanes(qs, qh, sc, d, xq, xd, xsum, g, acc, isum)
+
+
+@nb.njit(**JIT_FLAGS)
+def dot_q6_k_tiled(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
+    # T = sum_i sc_i * (S_i - 32 X_i) as int32; acc[0] = fma(T * d_w, d_x, acc[0]) per super-block
+    n_sb, R = qs.shape[1], qs.shape[3]
+    runs, tot = isum[0:16], isum[16]
+    acc[:] = 0.0
+    for b in range(n_sb):
+        tot[:] = 0
+        for h in range(2):
+            for half in range(2):
+                q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
+                for k in range(4):
+                    i = 8 * h + 2 * k + half
+                    sub, off = sc[g, b, i], 32 * xsum[b, i]
+                    for r in range(R):
+                        s_i = runs[4 * k, r] + runs[4 * k + 1, r] + runs[4 * k + 2, r] + runs[4 * k + 3, r]
+                        tot[r] = I32(tot[r] + I32(np.int8(sub[r])) * (s_i - off))
+        tiled_accumulate(d, g, b, xd[b, 0], tot, acc)
+
+
+@nb.njit(**EXACT_FLAGS)
+def tiled_accumulate(d, g, b, dx, tot, acc):
+    dw = d[g, b, 0]
+    for r in range(acc.shape[1]):
+        # GCC contracts the kernel's separate multiply and add intrinsics into an FMA
+        acc[0, r] = fma(F32(F32(tot[r]) * f16_to_f32(dw[r])), dx, acc[0, r])
+
+
+@nb.njit(**JIT_FLAGS)
+def dot_q6_k_lanes(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
     # qs: u8[G, NSB, 128, R] (ql); qh: u8[G, NSB, 64, R]; sc: u8[G, NSB, 16, R] (int8 bits);
     # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]
     # acc: f32[10, R]; isum: i32[>=24, R]: 16 run sums, then the 8 lanes

@@ -58,10 +58,11 @@ def v_silu(x):
 @nb.njit(**EXACT_FLAGS)
 def _gelu_f32(x16, out):
     # ggml_gelu_f32 on every f16 value, in float32 with the C library's tanhf (NumPy's
-    # float32 tanh differs from glibc's in the last bit for some inputs)
+    # float32 tanh differs from glibc's in the last bit for some inputs) and the FMA that
+    # GCC contracts `1.0f + GELU_COEF_A*x*x` into (it decides the table entry of x = -1.999)
     for i in range(x16.size):
         x = x16[i]
-        inner = _f32(0.79788456080286535587989211986876) * x * (_f32(1.0) + _f32(0.044715) * x * x)
+        inner = _f32(0.79788456080286535587989211986876) * x * _fma(_f32(0.044715) * x, x, _f32(1.0))
         out[i] = _f32(0.5) * x * (_f32(1.0) + math.tanh(inner))
 
 

@@ -32,7 +32,7 @@ from ..quants import quant_type, row_nbytes
 from . import activations as act
 from . import config
 from .config import EXACT_FLAGS, JIT_FLAGS, LANES, PARALLEL_FLAGS, max_threads
-from .dot_k import dot_q4_k, dot_q6_k
+from .dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
@@ -81,7 +81,7 @@ def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
 
 
 @nb.njit(**PARALLEL_FLAGS)
-def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out):
+def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order):
     # x: f32[n_cols] -> out: f32[n_rows]; weight in lane layout (repack.py), R = acc.shape[1]
     # acc: f32[threads, N_ACC, R], isum: i32[threads, N_ISUM, R] per-thread scratch
     prepare_x(kind, act_kind, x, xq, xd, xsum, xf)
@@ -92,9 +92,9 @@ def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isu
         if kind == 8 or kind == 2 or kind == 3 or kind == 6 or kind == 7:
             dot_blocks(kind, qs, qh, d, xq, xd, g, a, s)
         elif kind == 12 or kind == 13:
-            dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, a, s)
+            dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, a, s, order)
         elif kind == 14:
-            dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, a, s)
+            dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, a, s, order)
         else:
             dot_float(kind, w, d, xf, g, a)
         for r in range(min(R, out.shape[0] - g * R)):
@@ -174,20 +174,22 @@ class QuantMatrix:
     def __repr__(self) -> str:
         return f"QuantMatrix({self.quant.name}, {self.n_rows} x {self.n_cols}, {self.nbytes} bytes)"
 
-    def matvec(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out[n_rows] = W @ x[n_cols] (one token)."""
+    def matvec(self, x: np.ndarray, out: np.ndarray, order: int = ORDER_GEMV) -> None:
+        """out[n_rows] = W @ x[n_cols] (one token). order: which of llama.cpp's kernels to
+        follow in summing K-quant products (dot_k.py): ORDER_GEMV for one token, ORDER_GEMM
+        for a token in a group of 4 of a batch, ORDER_TILED in a batch of 8 or more."""
         _check("x", x, (self.n_cols,))
         _check("out", out, (self.n_rows,))
         p = self._p
         if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS:
             matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out)
+                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
             return
         n_threads = nb.get_num_threads()  # small product: the calling thread alone
         nb.set_num_threads(1)
         try:
             matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out)
+                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
         finally:
             nb.set_num_threads(n_threads)
 
@@ -197,8 +199,13 @@ class QuantMatrix:
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
         if n_tok < config.BLAS_MIN_TOKENS:
+            # llama.cpp runs a batch's whole groups of 4 tokens through its (repacked
+            # Q4_K) gemm and the rest through gemv, and from 8 tokens on its tiled K-quant
+            # matmul; each sums K-quant products in its own order
+            n_gemm = n_tok - n_tok % 4
+            tiled = ORDER_TILED if n_tok >= 8 else 0
             for t in range(n_tok):
-                self.matvec(x[t], out[t])
+                self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | tiled)
             return
         p, R = self._p, self.lanes
         per_tile = self._tile_cols // R
