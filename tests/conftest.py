@@ -60,7 +60,7 @@ def tiny_model(tmp_path_factory):
     make = load_tool("make_tiny_model").make_tiny_model
 
     def factory(arch: str = "llama", weight_type: str = "F32", **kw) -> Path:
-        key = (arch, weight_type, tuple(sorted(kw.items())))
+        key = (arch, weight_type, repr(sorted(kw.items())))
         if key not in made:
             made[key] = make(folder / f"{arch}-{weight_type}-{len(made)}.gguf", arch=arch, weight_type=weight_type, **kw)
         return made[key]

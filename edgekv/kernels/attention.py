@@ -53,6 +53,13 @@ def softmax_numerators(row, n, m):
 
 
 @nb.njit(**EXACT_FLAGS)
+def visible(p, qp, window):
+    # a slot holding position p is visible to a query at position qp: live, not in the
+    # future, and inside the sliding window when there is one
+    return p >= 0 and p <= qp and (window == 0 or qp - p < window)
+
+
+@nb.njit(**EXACT_FLAGS)
 def _fma(a, b, c):
     return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
@@ -119,8 +126,7 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
         row = scores[job]
         m = -np.inf
         for s in range(n_slots):
-            p = slot_pos[s]
-            if p < 0 or p > qp or (window > 0 and qp - p >= window):
+            if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
                 continue
             row[s] = dot_f16(q[t, h], k_cache[kvh, s], lut, lanes, one_register) * scale
@@ -157,8 +163,7 @@ def masked_softmax_f16(scores, group, q_pos, slot_pos, window, scale):
         row = scores[r]
         m = -np.inf
         for s in range(n_slots):
-            p = slot_pos[s]
-            if p < 0 or p > qp or (window > 0 and qp - p >= window):
+            if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
             else:
                 row[s] = row[s] * scale

@@ -143,67 +143,55 @@ def q6_quarter_sums(qs, qh, g, b, h, half, xq, s):
 
 @nb.njit(**JIT_FLAGS)
 def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
-    if (order & ORDER_TILED) != 0:
-        dot_q6_k_tiled(qs, qh, sc, d, xq, xd, xsum, g, acc, isum)
-    else:
-        dot_q6_k_lanes(qs, qh, sc, d, xq, xd, xsum, g, acc, isum)
-
-
-@nb.njit(**JIT_FLAGS)
-def dot_q6_k_tiled(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
-    # T = sum_i sc_i * (S_i - 32 X_i) as int32; acc[0] = fma(T * d_w, d_x, acc[0]) per super-block
-    n_sb, R = qs.shape[1], qs.shape[3]
-    runs, tot = isum[0:16], isum[16]
-    acc[:] = 0.0
-    for b in range(n_sb):
-        tot[:] = 0
-        for h in range(2):
-            for half in range(2):
-                q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
-                for k in range(4):
-                    i = 8 * h + 2 * k + half
-                    sub, off = sc[g, b, i], 32 * xsum[b, i]
-                    for r in range(R):
-                        s_i = runs[4 * k, r] + runs[4 * k + 1, r] + runs[4 * k + 2, r] + runs[4 * k + 3, r]
-                        tot[r] = I32(tot[r] + I32(np.int8(sub[r])) * (s_i - off))
-        tiled_accumulate(d, g, b, xd[b, 0], tot, acc)
-
-
-@nb.njit(**EXACT_FLAGS)
-def tiled_accumulate(d, g, b, dx, tot, acc):
-    dw = d[g, b, 0]
-    for r in range(acc.shape[1]):
-        # GCC contracts the kernel's separate multiply and add intrinsics into an FMA
-        acc[0, r] = fma(F32(F32(tot[r]) * f16_to_f32(dw[r])), dx, acc[0, r])
-
-
-@nb.njit(**JIT_FLAGS)
-def dot_q6_k_lanes(qs, qh, sc, d, xq, xd, xsum, g, acc, isum):
     # qs: u8[G, NSB, 128, R] (ql); qh: u8[G, NSB, 64, R]; sc: u8[G, NSB, 16, R] (int8 bits);
     # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]
-    # acc: f32[10, R]; isum: i32[>=24, R]: 16 run sums, then the 8 lanes
+    # acc: f32[10, R]; isum: i32[>=25, R]: 16 run sums, the 8 lanes, their total
     n_sb, R = qs.shape[1], qs.shape[3]
-    runs, lanes = isum[0:16], isum[16:24]
+    runs, lanes, tot = isum[0:16], isum[16:24], isum[24]
     scale = acc[9]
     acc[:] = 0.0
     for b in range(n_sb):
-        lanes[:] = 0
-        for h in range(2):
-            for half in range(2):
-                q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
-                for k in range(4):
-                    sub = sc[g, b, 8 * h + 2 * k + half]
-                    for jj in range(4):
-                        lane, run = lanes[4 * half + jj], runs[4 * k + jj]
-                        for r in range(R):
-                            lane[r] = I32(lane[r] + I32(np.int8(sub[r])) * run[r])
-        for j in range(8):  # the -32 offset, by pairs of sub-blocks as ggml's q8sclsub
-            x0, x1 = xsum[b, 2 * j], xsum[b, 2 * j + 1]
-            s0, s1 = sc[g, b, 2 * j], sc[g, b, 2 * j + 1]
-            for r in range(R):
-                lanes[j, r] = I32(lanes[j, r] - 32 * (x0 * I32(np.int8(s0[r])) + x1 * I32(np.int8(s1[r]))))
+        q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes)
         dx, dw = xd[b, 0], d[g, b, 0]
+        if (order & ORDER_TILED) != 0:
+            # the lanes partition the super-block's integer sum T exactly
+            tot[:] = 0
+            for j in range(8):
+                for r in range(R):
+                    tot[r] = I32(tot[r] + lanes[j, r])
+            tiled_accumulate(dw, dx, tot, acc)
+        else:
+            for r in range(R):
+                scale[r] = F32(dx * f16_to_f32(dw[r]))
+            lanes_fma(acc, scale, lanes)
+    if (order & ORDER_TILED) == 0:
+        lanes_hsum(acc)
+
+
+@nb.njit(**JIT_FLAGS)
+def q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes):
+    # the 8 int32 lanes of super-block b (see the module docstring), -32 offset included
+    R = qs.shape[3]
+    lanes[:] = 0
+    for h in range(2):
+        for half in range(2):
+            q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
+            for k in range(4):
+                sub = sc[g, b, 8 * h + 2 * k + half]
+                for jj in range(4):
+                    lane, run = lanes[4 * half + jj], runs[4 * k + jj]
+                    for r in range(R):
+                        lane[r] = I32(lane[r] + I32(np.int8(sub[r])) * run[r])
+    for j in range(8):  # the -32 offset, by pairs of sub-blocks as ggml's q8sclsub
+        x0, x1 = xsum[b, 2 * j], xsum[b, 2 * j + 1]
+        s0, s1 = sc[g, b, 2 * j], sc[g, b, 2 * j + 1]
         for r in range(R):
-            scale[r] = F32(dx * f16_to_f32(dw[r]))
-        lanes_fma(acc, scale, lanes)
-    lanes_hsum(acc)
+            lanes[j, r] = I32(lanes[j, r] - 32 * (x0 * I32(np.int8(s0[r])) + x1 * I32(np.int8(s1[r]))))
+
+
+@nb.njit(**EXACT_FLAGS)
+def tiled_accumulate(dw, dx, tot, acc):
+    # acc[0] = fma(T * d_w, d_x, acc[0]): GCC contracts the tiled kernel's separate
+    # multiply and add intrinsics into an FMA
+    for r in range(acc.shape[1]):
+        acc[0, r] = fma(F32(F32(tot[r]) * f16_to_f32(dw[r])), dx, acc[0, r])

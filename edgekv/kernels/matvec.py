@@ -39,7 +39,7 @@ from .repack import repack
 from .unpack import unpack_group
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
-N_ISUM = 24  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs + 8 lanes)
+N_ISUM = 25  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs, 8 lanes, a total)
 N_ACC = 10  # float32 scratch rows: the result, 8 SIMD-lane accumulators, one more sum
 
 

@@ -78,6 +78,29 @@ def read_float(g: GGUFFile, key: str, default: float | None = None) -> float:
         raise GGUFError(f"{g.path}: metadata {key!r} = {value!r} is not a number") from None
 
 
+def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: float) -> dict:
+    """The hyperparameters every decoder here shares, from the `{arch}.*` keys, as HParams
+    keyword arguments; defaults are the architecture's when a key is absent."""
+    dim, n_heads = read_int(g, f"{arch}.embedding_length"), read_int(g, f"{arch}.attention.head_count")
+    head_dim = read_int(g, f"{arch}.attention.key_length", dim // n_heads)
+    tokens = g.get("tokenizer.ggml.tokens")
+    return dict(
+        arch=arch,
+        n_vocab=read_int(g, f"{arch}.vocab_size", len(tokens) if tokens is not None else None),
+        dim=dim,
+        n_layers=read_int(g, f"{arch}.block_count"),
+        n_heads=n_heads,
+        n_kv_heads=read_int(g, f"{arch}.attention.head_count_kv", n_heads),
+        head_dim=head_dim,
+        head_dim_v=read_int(g, f"{arch}.attention.value_length", head_dim),
+        ff=read_int(g, f"{arch}.feed_forward_length"),
+        n_ctx_train=read_int(g, f"{arch}.context_length"),
+        norm_eps=read_float(g, f"{arch}.attention.layer_norm_rms_epsilon", norm_eps),
+        rope_theta=read_float(g, f"{arch}.rope.freq_base", rope_theta),
+        rope_dims=read_int(g, f"{arch}.rope.dimension_count", head_dim),
+    )
+
+
 class WeightLoader:
     """Fetches named tensors, checking shape and type before any kernel sees them."""
 
@@ -107,6 +130,14 @@ class WeightLoader:
         """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
         info = self._info(name, (n_cols, n_rows))
         return QuantMatrix(info.data, info.ggml_type, n_rows, n_cols)
+
+    def embeddings_and_output(self, hp: HParams) -> tuple[QuantMatrix, np.ndarray, QuantMatrix]:
+        """token_embd, output_norm and output; output is the embedding when the GGUF has
+        no `output.weight` (tied)."""
+        tok_embd = self.matrix("token_embd.weight", hp.dim, hp.n_vocab)
+        output_norm = self.vector("output_norm.weight", hp.dim)
+        output = self.matrix("output.weight", hp.dim, hp.n_vocab) if self.has("output.weight") else tok_embd
+        return tok_embd, output_norm, output
 
 
 class Scratch:

@@ -14,7 +14,8 @@ import numpy as np
 from ..gguf import GGUFFile
 from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
-from .base import HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project, read_float, read_int
+from .base import (HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+                   read_common_hparams, read_float, read_int)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5 (llama.cpp's set_swa_pattern(6))
@@ -22,32 +23,18 @@ ROPE_THETA_LOCAL = 10000.0
 
 
 def read_hparams(g: GGUFFile) -> HParams:
-    a = ARCH
-    dim, n_heads = read_int(g, f"{a}.embedding_length"), read_int(g, f"{a}.attention.head_count")
-    head_dim = read_int(g, f"{a}.attention.key_length", dim // n_heads)
-    n_layers = read_int(g, f"{a}.block_count")
-    window = read_int(g, f"{a}.attention.sliding_window", 0) if g.get(f"{a}.attention.sliding_window") else 0
+    common = read_common_hparams(g, ARCH, norm_eps=1e-6, rope_theta=1e6)
+    window = read_int(g, f"{ARCH}.attention.sliding_window", 0) if g.get(f"{ARCH}.attention.sliding_window") else 0
+    n_layers, head_dim, dim = common["n_layers"], common["head_dim"], common["dim"]
     return HParams(
-        arch=a,
-        n_vocab=len(g.require("tokenizer.ggml.tokens")),
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=read_int(g, f"{a}.attention.head_count_kv", n_heads),
-        head_dim=head_dim,
-        head_dim_v=read_int(g, f"{a}.attention.value_length", head_dim),
-        ff=read_int(g, f"{a}.feed_forward_length"),
-        n_ctx_train=read_int(g, f"{a}.context_length"),
-        norm_eps=read_float(g, f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
+        **common,
         rope_mode=ROPE_NEOX,
-        rope_theta=read_float(g, f"{a}.rope.freq_base", 1e6),
-        rope_dims=read_int(g, f"{a}.rope.dimension_count", head_dim),
-        rope_theta_local=read_float(g, f"{a}.rope.freq_base_swa", ROPE_THETA_LOCAL),
+        rope_theta_local=read_float(g, f"{ARCH}.rope.freq_base_swa", ROPE_THETA_LOCAL),
         window=window,
         local_layers=tuple(bool(window) and i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(n_layers)),
         attn_scale=1.0 / float(np.sqrt(head_dim)),
         embed_scale=float(np.sqrt(np.float32(dim))),
-        final_softcap=float(g.get(f"{a}.final_logit_softcapping", 0.0) or 0.0),
+        final_softcap=float(g.get(f"{ARCH}.final_logit_softcapping", 0.0) or 0.0),
     )
 
 
@@ -57,9 +44,7 @@ class Gemma3Model:
     def __init__(self, g: GGUFFile):
         self.hp = hp = read_hparams(g)
         w = WeightLoader(g)
-        self.tok_embd = w.matrix("token_embd.weight", hp.dim, hp.n_vocab)
-        self.output_norm = w.vector("output_norm.weight", hp.dim)
-        self.output = w.matrix("output.weight", hp.dim, hp.n_vocab) if w.has("output.weight") else self.tok_embd
+        self.tok_embd, self.output_norm, self.output = w.embeddings_and_output(hp)
         extra = {"attn_q_norm": hp.head_dim, "attn_k_norm": hp.head_dim,
                  "post_attention_norm": hp.dim, "post_ffw_norm": hp.dim}
         self.layers = [load_layer(w, hp, i, extra) for i in range(hp.n_layers)]

@@ -14,37 +14,19 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.ops import ROPE_NORM, add_inplace, rms_norm, rope_apply, silu_mul
-from .base import HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project, read_float, read_int
+from .base import (HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+                   read_common_hparams, read_float)
 
 ARCH = "llama"
 
 
 def read_hparams(g: GGUFFile) -> HParams:
-    a = ARCH
-    dim, n_heads = read_int(g, f"{a}.embedding_length"), read_int(g, f"{a}.attention.head_count")
-    head_dim = read_int(g, f"{a}.attention.key_length", dim // n_heads)
-    scaling = g.get(f"{a}.rope.scaling.type", "none")
+    scaling = g.get(f"{ARCH}.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
         raise UnsupportedModelError(f"{g.path}: rope scaling {scaling!r} is not supported (supported: none, linear)")
-    factor = read_float(g, f"{a}.rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
-    tokens = g.get("tokenizer.ggml.tokens")
-    return HParams(
-        arch=a,
-        n_vocab=read_int(g, f"{a}.vocab_size", len(tokens) if tokens is not None else None),
-        dim=dim,
-        n_layers=read_int(g, f"{a}.block_count"),
-        n_heads=n_heads,
-        n_kv_heads=read_int(g, f"{a}.attention.head_count_kv", n_heads),
-        head_dim=head_dim,
-        head_dim_v=read_int(g, f"{a}.attention.value_length", head_dim),
-        ff=read_int(g, f"{a}.feed_forward_length"),
-        n_ctx_train=read_int(g, f"{a}.context_length"),
-        norm_eps=read_float(g, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
-        rope_mode=ROPE_NORM,
-        rope_theta=read_float(g, f"{a}.rope.freq_base", 10000.0),
-        rope_dims=read_int(g, f"{a}.rope.dimension_count", head_dim),
-        rope_freq_scale=1.0 / factor if factor else 1.0,
-    )
+    factor = read_float(g, f"{ARCH}.rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+    return HParams(**read_common_hparams(g, ARCH, norm_eps=1e-5, rope_theta=10000.0), rope_mode=ROPE_NORM,
+                   rope_freq_scale=1.0 / factor if factor else 1.0)
 
 
 class LlamaModel:
@@ -53,9 +35,7 @@ class LlamaModel:
     def __init__(self, g: GGUFFile):
         self.hp = hp = read_hparams(g)
         w = WeightLoader(g)
-        self.tok_embd = w.matrix("token_embd.weight", hp.dim, hp.n_vocab)
-        self.output_norm = w.vector("output_norm.weight", hp.dim)
-        self.output = w.matrix("output.weight", hp.dim, hp.n_vocab) if w.has("output.weight") else self.tok_embd
+        self.tok_embd, self.output_norm, self.output = w.embeddings_and_output(hp)
         self.layers = [load_layer(w, hp, i, {}) for i in range(hp.n_layers)]
         half = hp.rope_dims // 2
         self.freq_factors = w.vector("rope_freqs.weight", half) if w.has("rope_freqs.weight") else np.ones(half, np.float32)
