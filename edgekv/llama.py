@@ -1,10 +1,12 @@
 """The `Llama` facade: llama-cpp-python's high-level API on top of edgekv's Model and Session.
 
 What lives here: `Llama` (tokenize, eval, generate, create_completion, create_chat_completion,
-in-memory state), OpenAI-shaped response dicts, stop handling (end-of-generation tokens,
-stop strings that may span tokens) and the generation statistics the CLI prints.
-What does not: the forward pass and the cache (models/, session.py, cache.py), the sampler
-chain (sampling.py), text <-> ids (tokenizer.py), chat templates (chat_format.py).
+in-memory state), the generation loop (prompt reuse, end-of-generation tokens, max_tokens)
+and checking llama-cpp-python's options.
+What does not: stop strings, the OpenAI-shaped response dicts and the generation statistics
+(completion.py), the forward pass, the cache and its snapshots (models/, session.py,
+cache.py), the sampler chain (sampling.py), text <-> ids (tokenizer.py), chat templates
+(chat_format.py).
 
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
@@ -14,20 +16,21 @@ hardware options that mean nothing here (n_gpu_layers, use_mmap, ...) are accept
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
+from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
+                         completion_chunks, completion_head, stop_list, text_completion)
 from .errors import ContextFullError, EdgeKVError
 from .loader import load
 from .sampling import LogitsProcessor, Sampler, SamplingParams
+from .session import SessionState
 
 log = logging.getLogger("edgekv")
 
@@ -53,33 +56,23 @@ _SAMPLER_OPTIONS = frozenset({"logits_processor", "stopping_criteria", "repeat_l
 
 
 @dataclass
-class GenerationStats:
-    """Timings of the latest completion (what `edgekv run` and `edgekv chat` print)."""
-
-    prompt_tokens: int = 0  # tokens in the prompt
-    prompt_eval_tokens: int = 0  # of those, evaluated now (the rest came from prefix reuse)
-    prompt_eval_s: float = 0.0
-    gen_tokens: int = 0
-    gen_s: float = 0.0
-
-    @property
-    def prompt_tokens_per_s(self) -> float:
-        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
-
-    @property
-    def gen_tokens_per_s(self) -> float:
-        return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
-
-
-@dataclass
 class LlamaState:
     """An in-memory snapshot of a Llama's conversation (`save_state` / `load_state`)."""
 
-    input_ids: np.ndarray  # int[n_tokens]
-    logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
+    session: SessionState  # tokens, KV cache and last logits
     scores: np.ndarray | None  # f32[n_tokens, n_vocab] when logits_all
-    cache: Any  # a deep copy of the session's KVCache
-    n_ctx: int
+
+    @property
+    def input_ids(self) -> np.ndarray:  # intc[n_tokens]
+        return np.asarray(self.session.tokens, dtype=np.intc)
+
+    @property
+    def logits(self) -> np.ndarray | None:  # f32[n_vocab] after the last token, None before any evaluation
+        return self.session.logits
+
+    @property
+    def n_ctx(self) -> int:
+        return self.session.n_ctx
 
 
 class Llama:
@@ -210,21 +203,12 @@ class Llama:
 
     def save_state(self) -> LlamaState:
         """A snapshot of the conversation: tokens, KV cache, logits (and scores)."""
-        s = self._session
-        return LlamaState(input_ids=self.input_ids.copy(), logits=s.logits.copy() if s._has_logits else None,
-                          scores=self.scores.copy() if self.logits_all else None,
-                          cache=copy.deepcopy(s.cache), n_ctx=s.n_ctx)
+        return LlamaState(session=self._session.snapshot(), scores=self.scores.copy() if self.logits_all else None)
 
     def load_state(self, state: LlamaState) -> None:
-        """Return to a snapshot taken with save_state on a Llama with the same model and n_ctx."""
-        s = self._session
-        if state.n_ctx != s.n_ctx or (state.logits is not None and state.logits.shape[0] != s.n_vocab):
-            raise EdgeKVError(f"state of a context of {state.n_ctx} tokens cannot be loaded into one of {s.n_ctx}")
-        s.cache = copy.deepcopy(state.cache)
-        s.tokens[:] = [int(t) for t in state.input_ids]
-        s._has_logits = state.logits is not None
-        if state.logits is not None:
-            s._last_logits[0] = state.logits
+        """Return to a snapshot taken with save_state on a Llama with the same model and n_ctx
+        (EdgeKVError otherwise, and the conversation stays as it was)."""
+        self._session.restore(state.session)
         if state.scores is not None and self.logits_all:
             self._store_scores(0, state.scores)
 
@@ -262,13 +246,13 @@ class Llama:
             self.eval([token] + list(extra or ()))
 
     def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
-                sampling: dict[str, Any]) -> Iterator[tuple[str, str | None]]:
+                sampling: dict[str, Any]) -> Pieces:
         """(text, None) pieces of the completion, then ("...", finish_reason) once."""
         tokens = self._fit_prompt(prompt)
         room = self.n_ctx() - len(tokens)
         limit = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
-        text = _StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
+        text = StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
         finish, hit, n_before, t0 = "length", False, self._session.n_evaluated, time.perf_counter()
 
@@ -330,24 +314,15 @@ class Llama:
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias)
-        head = dict(id=f"cmpl-{uuid.uuid4()}", object="text_completion", created=int(time.time()),
-                    model=model or self.model_path)
+        head = completion_head(model or self.model_path)
         prefix = self.detokenize(ids).decode("utf-8", errors="replace") if echo else ""
-        pieces = self._stream(ids, max_tokens, _stop_list(stop), (), sampling)
+        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling)
         if stream:
-            return self._completion_chunks(head, prefix, pieces)
-        text, finish = _collect(pieces)
-        choice = dict(text=prefix + text, index=0, logprobs=None, finish_reason=finish)
-        return dict(head, choices=[choice], usage=self._usage())
+            return completion_chunks(head, prefix, pieces)
+        text, finish = collect(pieces)
+        return text_completion(head, prefix + text, finish, self.last_stats)
 
     __call__ = create_completion
-
-    def _completion_chunks(self, head: dict, prefix: str, pieces: Iterator[tuple[str, str | None]]) -> Iterator[dict]:
-        if prefix:
-            yield dict(head, choices=[dict(text=prefix, index=0, logprobs=None, finish_reason=None)])
-        for text, finish in pieces:
-            if text or finish:
-                yield dict(head, choices=[dict(text=text, index=0, logprobs=None, finish_reason=finish)])
 
     def create_chat_completion(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
                                temperature: float = 0.2, top_p: float = 0.95, min_p: float = 0.05, top_k: int = 40,
@@ -365,78 +340,14 @@ class Llama:
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias)
-        stops = _stop_list(stop) + [s for s in formatter.stop_strings if s not in _stop_list(stop)]
-        head = dict(id=f"chatcmpl-{uuid.uuid4()}", created=int(time.time()), model=model or self.model_path)
+        stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
+        kind = "chat.completion.chunk" if stream else "chat.completion"
+        head = chat_head(model or self.model_path, kind)
         pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling)
         if stream:
-            return self._chat_chunks(dict(head, object="chat.completion.chunk"), pieces)
-        text, finish = _collect(pieces)
-        choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=None, finish_reason=finish)
-        return dict(head, object="chat.completion", choices=[choice], usage=self._usage())
-
-    def _chat_chunks(self, head: dict, pieces: Iterator[tuple[str, str | None]]) -> Iterator[dict]:
-        yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
-        for text, finish in pieces:
-            if text:
-                yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=None, finish_reason=None)])
-            if finish:
-                yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
-
-    def _usage(self) -> dict[str, int]:
-        s = self.last_stats
-        return dict(prompt_tokens=s.prompt_tokens, completion_tokens=s.gen_tokens,
-                    total_tokens=s.prompt_tokens + s.gen_tokens)
-
-
-class _StopText:
-    """Generated ids -> text that is safe to show: whole UTF-8 characters, cut before the
-    first stop string, and holding back any tail that could be the start of one."""
-
-    def __init__(self, detokenizer: Any, stops: list[str]):
-        self.detokenizer = detokenizer
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-
-    def push(self, token: int) -> tuple[str, bool]:
-        """(text to emit now, whether a stop string was found)."""
-        self.pending += self.detokenizer.push(token)
-        return self._scan(final=False)
-
-    def finish(self) -> tuple[str, bool]:
-        self.pending += self.detokenizer.flush()
-        return self._scan(final=True)
-
-    def _scan(self, final: bool) -> tuple[str, bool]:
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[: min(hits)], ""
-            return out, True
-        hold = 0 if final else max((_overlap(self.pending, s) for s in self.stops), default=0)
-        cut = len(self.pending) - hold
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, False
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `stop`."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
-
-
-def _collect(pieces: Iterator[tuple[str, str | None]]) -> tuple[str, str]:
-    parts, finish = [], "length"
-    for text, reason in pieces:
-        parts.append(text)
-        finish = reason or finish
-    return "".join(parts), finish
-
-
-def _stop_list(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
+            return chat_chunks(head, pieces)
+        text, finish = collect(pieces)
+        return chat_completion(head, text, finish, self.last_stats)
 
 
 def _check_compat(where: str, options: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """A session: the tokens of one conversation, their KV cache, and the latest logits.
 
 What lives here: chunked evaluation (prefill in chunks of up to n_batch tokens, decode
-one token at a time) on preallocated buffers, prefix reuse, and the invariant
+one token at a time) on preallocated buffers, prefix reuse, in-memory snapshots
+(`snapshot` / `restore`, a `SessionState`), and the invariant
 `cache.n_tokens == len(tokens)` after every call, including one that raised or was
 interrupted. What does not: sampling (sampling.py), text (tokenizer.py), the public
 facade (llama.py).
@@ -10,6 +11,7 @@ facade (llama.py).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +21,35 @@ from .errors import ContextFullError, EdgeKVError
 from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """A session's conversation at one moment (`Session.snapshot`); its arrays are read-only copies."""
+
+    tokens: tuple[int, ...]
+    k: tuple[np.ndarray, ...]  # per layer u16[n_kv_heads, n_ctx, head_dim], the cache's K
+    v: tuple[np.ndarray, ...]  # per layer u16[n_kv_heads, n_ctx, head_dim_v], the cache's V
+    slot_pos: np.ndarray  # i32[n_ctx]
+    n_tokens: int
+    n_vocab: int
+    logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
+
+    @property
+    def n_ctx(self) -> int:
+        return self.slot_pos.shape[0]
+
+
+def _geometry(k: Sequence[np.ndarray], v: Sequence[np.ndarray], n_vocab: int) -> dict[str, int]:
+    """What a state and the session restoring it must agree on, named as the hyperparameters."""
+    return dict(n_layers=len(k), n_kv_heads=k[0].shape[0], n_ctx=k[0].shape[1], head_dim=k[0].shape[2],
+                head_dim_v=v[0].shape[2], n_vocab=n_vocab)
+
+
+def _frozen_copy(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
 
 
 class Session:
@@ -115,6 +146,32 @@ class Session:
                 break
             n += 1
         return n
+
+    def snapshot(self) -> SessionState:
+        """A copy of the tokens, the cache and the last logits, for `restore`."""
+        c = self.cache
+        assert c.n_tokens == len(self.tokens)
+        return SessionState(tokens=tuple(self.tokens), k=tuple(_frozen_copy(a) for a in c.k),
+                            v=tuple(_frozen_copy(a) for a in c.v), slot_pos=_frozen_copy(c.slot_pos),
+                            n_tokens=c.n_tokens, n_vocab=self.n_vocab,
+                            logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None)
+
+    def restore(self, state: SessionState) -> None:
+        """Return to `state`, a snapshot of a session of the same model and n_ctx. A state that
+        does not fit raises EdgeKVError and leaves this session as it was."""
+        ours = _geometry(self.cache.k, self.cache.v, self.n_vocab)
+        theirs = _geometry(state.k, state.v, state.n_vocab)
+        for name, value in ours.items():
+            if theirs[name] != value:
+                raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
+                                  f"{name}={value}; a state fits only a session of the same model and context size")
+        k, v, slot_pos = [a.copy() for a in state.k], [a.copy() for a in state.v], state.slot_pos.copy()
+        c = self.cache  # the swap: nothing from here on can fail
+        c.k, c.v, c.slot_pos, c.n_tokens = k, v, slot_pos, state.n_tokens
+        self.tokens[:] = state.tokens
+        self._has_logits = state.logits is not None
+        if state.logits is not None:
+            self._last_logits[0] = state.logits
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Make the session hold exactly `ids` with logits for the last one, reusing the

@@ -2,14 +2,10 @@
 requested metadata, tensors, types and tokenizer, and their weights dequantize to finite
 values of the intended scale.
 
-tools/ is a folder of scripts, not a package, so the module is loaded by its path.
+tools/ is a folder of scripts, not a package, so the module is loaded by its path (conftest.load_tool).
 """
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import jinja2
 import numpy as np
@@ -17,20 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from conftest import load_tool
 from edgekv.gguf import GGUFFile
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_tool(name: str):
-    """Import tools/<name>.py once, by path."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 mtm = load_tool("make_tiny_model")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")

@@ -12,7 +12,6 @@ log-probs agree to the precision the reference file stores them with.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from edgekv.loader import load
 

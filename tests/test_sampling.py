@@ -18,7 +18,6 @@ from edgekv.sampling import (
     make_rng,
     min_p_count,
     recent_tokens,
-    softmax,
     top_k_ids,
     top_p_count,
 )

@@ -11,29 +11,27 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..llama import GenerationStats, Llama
+    from ..completion import GenerationStats
+    from ..llama import Llama
 
 
 def ctx_size(text: str) -> int | str:
     """-c: a positive integer or 'auto'."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value}")
-    return value
+    return text if text == "auto" else _positive_int(text, "a positive integer or 'auto'")
 
 
 def positive_int(text: str) -> int:
+    return _positive_int(text, "a positive integer")
+
+
+def _positive_int(text: str, expected: str) -> int:
+    """int(text) if >= 1; otherwise an argparse error saying `expected` and what was given."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
 
 

@@ -15,7 +15,6 @@ into K by RoPE, so only the masks read `slot_pos`.
 
 from __future__ import annotations
 
-import math
 
 import numba as nb
 import numpy as np

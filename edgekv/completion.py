@@ -1,0 +1,139 @@
+"""Completion results: from generated ids to the text, responses and statistics a caller sees.
+
+What lives here: stop-string handling (`StopText`: whole UTF-8 characters, cut at the first
+stop string even when it spans tokens), the OpenAI-shaped `text_completion` and
+`chat.completion` dicts and their streamed chunks (llama-cpp-python's shapes, key order
+included), and `GenerationStats`, the timings the CLI prints.
+What does not: the `Llama` object and its conversation state, prompt evaluation and the
+generation loop (llama.py), sampling (sampling.py), ids -> bytes (tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+# What Llama._stream yields: (text, None) pieces, then (text, finish_reason) once.
+Pieces = Iterator[tuple[str, str | None]]
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the latest completion (what `edgekv run` and `edgekv chat` print)."""
+
+    prompt_tokens: int = 0  # tokens in the prompt
+    prompt_eval_tokens: int = 0  # of those, evaluated now (the rest came from prefix reuse)
+    prompt_eval_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+
+class StopText:
+    """Generated ids -> text that is safe to show: whole UTF-8 characters, cut before the
+    first stop string, and holding back any tail that could be the start of one."""
+
+    def __init__(self, detokenizer: Any, stops: list[str]):
+        self.detokenizer = detokenizer
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """(text to emit now, whether a stop string was found)."""
+        self.pending += self.detokenizer.push(token)
+        return self._scan(final=False)
+
+    def finish(self) -> tuple[str, bool]:
+        self.pending += self.detokenizer.flush()
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> tuple[str, bool]:
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = 0 if final else max((_overlap(self.pending, s) for s in self.stops), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `stop`."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    """The `stop` option (None, one string or several) as a list."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def collect(pieces: Pieces) -> tuple[str, str]:
+    """All of a completion's text and its finish reason."""
+    parts, finish = [], "length"
+    for text, reason in pieces:
+        parts.append(text)
+        finish = reason or finish
+    return "".join(parts), finish
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    return dict(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.gen_tokens,
+                total_tokens=stats.prompt_tokens + stats.gen_tokens)
+
+
+# -- text completions ---------------------------------------------------------------------------
+
+def completion_head(model: str) -> dict[str, Any]:
+    """The fields every `text_completion` response and chunk shares."""
+    return dict(id=f"cmpl-{uuid.uuid4()}", object="text_completion", created=int(time.time()), model=model)
+
+
+def text_completion(head: dict, text: str, finish: str, stats: GenerationStats) -> dict:
+    choice = dict(text=text, index=0, logprobs=None, finish_reason=finish)
+    return dict(head, choices=[choice], usage=usage(stats))
+
+
+def completion_chunks(head: dict, prefix: str, pieces: Pieces) -> Iterator[dict]:
+    """Streamed `text_completion` chunks: the echoed prompt (if any), then the pieces."""
+    if prefix:
+        yield dict(head, choices=[dict(text=prefix, index=0, logprobs=None, finish_reason=None)])
+    for text, finish in pieces:
+        if text or finish:
+            yield dict(head, choices=[dict(text=text, index=0, logprobs=None, finish_reason=finish)])
+
+
+# -- chat completions ---------------------------------------------------------------------------
+
+def chat_head(model: str, kind: str) -> dict[str, Any]:
+    """The fields a chat response (object "chat.completion") or its chunks ("chat.completion.chunk") share."""
+    return dict(id=f"chatcmpl-{uuid.uuid4()}", created=int(time.time()), model=model, object=kind)
+
+
+def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats) -> dict:
+    choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=None, finish_reason=finish)
+    return dict(head, choices=[choice], usage=usage(stats))
+
+
+def chat_chunks(head: dict, pieces: Pieces) -> Iterator[dict]:
+    """Streamed `chat.completion.chunk`s: the role, the content pieces, then the finish reason."""
+    yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
+    for text, finish in pieces:
+        if text:
+            yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=None, finish_reason=None)])
+        if finish:
+            yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
