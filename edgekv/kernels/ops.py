@@ -4,7 +4,8 @@ Each public kernel works in place or into a caller-owned buffer (no allocation),
 float32 rows shaped [n_tok, ...]. Numerics follow ggml where it matters for matching
 llama.cpp: RMS norm sums float32 squares in float64, RoPE advances theta by repeated
 float32 multiplication, SiLU and GELU use ggml's vector exp and f16 table (ggml_math.py).
-Matrix products live in matvec.py, attention in attention.py.
+These run on the calling thread: for one token a parallel launch costs more (~50 us)
+than the work. Matrix products live in matvec.py, attention in attention.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import numba as nb
 import numpy as np
 
-from .config import EXACT_FLAGS, JIT_FLAGS, PARALLEL_FLAGS
+from .config import EXACT_FLAGS, JIT_FLAGS
 from .fp16 import f32_to_f16
 from .ggml_math import v_silu
 
@@ -34,21 +35,21 @@ def _rms_scale(row, eps):
     return np.float32(1.0) / np.float32(math.sqrt(np.float32(mean + eps)))
 
 
-@nb.njit(**PARALLEL_FLAGS)
+@nb.njit(**JIT_FLAGS)
 def rms_norm(x, weight, eps, out):
     # x: f32[n, d], weight: f32[d], out: f32[n, d] (may alias x); out = (x * scale) * weight
     n, d = x.shape
-    for t in nb.prange(n):
+    for t in range(n):
         scale = _rms_scale(x[t], eps)
         for i in range(d):
             out[t, i] = (x[t, i] * scale) * weight[i]
 
 
-@nb.njit(**PARALLEL_FLAGS)
+@nb.njit(**JIT_FLAGS)
 def rms_norm_heads(x, weight, eps):
     # x: f32[n, n_heads, head_dim] normalised per head in place, weight: f32[head_dim]
     n, n_heads, hd = x.shape
-    for t in nb.prange(n):
+    for t in range(n):
         for h in range(n_heads):
             scale = _rms_scale(x[t, h], eps)
             for i in range(hd):
@@ -69,12 +70,12 @@ def rope_tables(positions, n_rot, freq_base, freq_scale, freq_factors, cos_out, 
             theta = np.float32(theta * theta_scale)
 
 
-@nb.njit(**PARALLEL_FLAGS)
+@nb.njit(**JIT_FLAGS)
 def rope_apply(x, cos_t, sin_t, mode):
     # x: f32[n, n_heads, head_dim] rotated in place on its first n_rot = 2*cos_t.shape[1] dims
     n, n_heads, _ = x.shape
     half = cos_t.shape[1]
-    for t in nb.prange(n):
+    for t in range(n):
         for h in range(n_heads):
             for i in range(half):
                 if mode == ROPE_NEOX:
@@ -89,13 +90,13 @@ def rope_apply(x, cos_t, sin_t, mode):
                 x[t, h, b] = x0 * s + x1 * c
 
 
-@nb.njit(**PARALLEL_FLAGS)
+@nb.njit(**JIT_FLAGS)
 def silu_mul(gate, up):
     # gate, up: f32[n, ff]; gate <- silu(gate) * up, as ggml_vec_swiglu_f32: the vector
     # SiLU (ggml_math.v_silu) on whole groups of 16, the C library's expf on the tail
     n, ff = gate.shape
     tail = ff - ff % 16
-    for t in nb.prange(n):
+    for t in range(n):
         for i in range(tail):
             gate[t, i] = v_silu(gate[t, i]) * up[t, i]
         for i in range(tail, ff):
@@ -103,12 +104,12 @@ def silu_mul(gate, up):
             gate[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, i]
 
 
-@nb.njit(**PARALLEL_FLAGS)
+@nb.njit(**JIT_FLAGS)
 def gelu_mul(gate, up, table):
     # gate, up: f32[n, ff]; gate <- gelu(gate) * up via ggml's f16 GELU table
     # (ggml_vec_geglu_f32 with GGML_GELU_FP16); table: f32[65536] = GELU_F16_TABLE
     n, ff = gate.shape
-    for t in nb.prange(n):
+    for t in range(n):
         for i in range(ff):
             g = gate[t, i]
             if g <= -10.0:
