@@ -114,7 +114,7 @@ def test_attention_gqa_masks_and_scattered_slots(kernel, window):
         pv = np.zeros((max_threads(), 4, 16, hd), np.float32)
         attention_f16(q.copy(), q_pos, ku, vu, slot_pos, cap, window, np.float32(0.25), F16_TO_F32, scores, pv, out)
     else:
-        attention_chunk_blas(q, q_pos, ku, vu, slot_pos, cap, window, 0.25, out)
+        attention_chunk_blas(q, q_pos, k.astype(np.float32), v.astype(np.float32), slot_pos, cap, window, 0.25, out, True)
     ref = reference_attention(q, q_pos, k.astype(np.float32), v.astype(np.float32), slot_pos, window, 0.25)
     # Q and the softmax probabilities are rounded to f16 as llama.cpp does: ~1e-3 relative
     np.testing.assert_allclose(out, ref, rtol=0, atol=F16_ATTENTION_ATOL)

@@ -1,7 +1,7 @@
 """`edgekv perplexity` on ../shared/reference/gpl3.txt against llama-perplexity's figures.
 
-The bar (reference README): within 1% of llama.cpp's PPL with the same cache type, here
-the f16 cache at -c 512 and -c 2048. At 2048 Gemma 3's local layers see only their
+The bar (reference README): within 1% of llama.cpp's PPL with the same cache type (K and
+V alike): f16 at -c 512 and -c 2048, q8_0 and q4_0 at -c 512. At 2048 Gemma 3's local layers see only their
 512-token window, so this also exercises sliding-window attention. The runs take a few
 minutes on two cores; they are part of `make test` because they are the end-to-end
 check that long prefill chunks (the BLAS path) compute the same model.
@@ -21,19 +21,21 @@ FILES = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270
 REL_TOL = 0.01
 
 
-def _expected(model: str, n_ctx: int) -> float:
+def _expected(model: str, n_ctx: int, cache: str) -> float:
     results = json.loads((REFERENCE_DIR / "perplexity.json").read_text())["results"]
-    (row,) = [r for r in results if r["model"] == FILES[model] and r["n_ctx"] == n_ctx and r["cache"] == "f16"]
+    (row,) = [r for r in results if r["model"] == FILES[model] and r["n_ctx"] == n_ctx and r["cache"] == cache]
     return row["ppl"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, n_ctx", [("smollm2-135m-instruct", 512), ("smollm2-135m-instruct", 2048),
-                                          ("gemma3-270m", 512), ("gemma3-270m", 2048)])
-def test_perplexity_within_one_percent_of_llama_cpp(request, capsys, model, n_ctx):
+@pytest.mark.parametrize("model", list(FILES))
+@pytest.mark.parametrize("n_ctx, cache", [(512, "f16"), (2048, "f16"), (512, "q8_0"), (512, "q4_0")])
+def test_perplexity_within_one_percent_of_llama_cpp(request, capsys, model, n_ctx, cache):
     path = request.getfixturevalue("smollm2_path" if model.startswith("smollm2") else "gemma3_path")
-    assert main(["perplexity", "-m", str(path), "-f", str(REFERENCE_DIR / "gpl3.txt"), "-c", str(n_ctx)]) == 0
+    args = ["perplexity", "-m", str(path), "-f", str(REFERENCE_DIR / "gpl3.txt"), "-c", str(n_ctx),
+            "-ctk", cache, "-ctv", cache]
+    assert main(args) == 0
     out = capsys.readouterr().out
     ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", out).group(1))
-    expected = _expected(model, n_ctx)
+    expected = _expected(model, n_ctx, cache)
     assert abs(ppl - expected) / expected < REL_TOL, f"PPL {ppl} vs llama.cpp {expected}"

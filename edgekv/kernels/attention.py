@@ -153,9 +153,10 @@ def round_f16_inplace(x):
 
 
 @nb.njit(**PARALLEL_FLAGS)
-def masked_softmax_f16(scores, group, q_pos, slot_pos, window, scale):
-    # scores: f32[n * group, n_slots] raw Q.K (row r is query r // group) -> f16-rounded
-    # softmax probabilities, with the same masks and arithmetic as attention_f16
+def masked_softmax(scores, group, q_pos, slot_pos, window, scale, round_probs):
+    # scores: f32[n * group, n_slots] raw Q.K (row r is query r // group) -> softmax
+    # probabilities with the same masks and arithmetic as attention_f16; round_probs:
+    # round them to f16, as llama.cpp does before they weight an f16 V
     n_rows, n_slots = scores.shape
     for r in nb.prange(n_rows):
         qp = q_pos[r // group]
@@ -170,24 +171,25 @@ def masked_softmax_f16(scores, group, q_pos, slot_pos, window, scale):
         denom = softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
         for s in range(n_slots):
-            row[s] = round_f16(row[s] * inv)
+            row[s] = round_f16(row[s] * inv) if round_probs else row[s] * inv
 
 
-def attention_chunk_blas(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, out):
+def attention_chunk_blas(q, q_pos, kf, vf, slot_pos, n_slots, window, scale, out, f16_cache):
     """Prefill attention for a chunk of queries: the two products through BLAS.
 
-    Same contract and roundings as `attention_f16` (q is rounded to f16 in place). For
-    many queries the score matrix per KV head ([n * group, n_slots] floats) is small
-    enough to materialise, and two GEMMs beat a per-query loop by an order of magnitude.
+    kf: f32[n_kv, n_slots, hd_k] and vf: f32[n_kv, n_slots, hd_v], the visible range of
+    the cache as float32 (made per layer and chunk by the caller). With f16_cache the
+    roundings of `attention_f16` apply (q is rounded to f16 in place). For many queries
+    the score matrix per KV head ([n * group, n_slots] floats) is small enough to
+    materialise, and two GEMMs beat a per-query loop by an order of magnitude.
     """
     n, n_heads, hd_k = q.shape
-    n_kv = k_cache.shape[0]
+    n_kv = kf.shape[0]
     group = n_heads // n_kv
-    round_f16_inplace(q.reshape(n, n_heads * hd_k))
+    if f16_cache:
+        round_f16_inplace(q.reshape(n, n_heads * hd_k))
     for g in range(n_kv):
-        kf = F16_TO_F32[k_cache[g, :n_slots]]  # [n_slots, hd_k]
-        vf = F16_TO_F32[v_cache[g, :n_slots]]  # [n_slots, hd_v]
         qg = q[:, g * group : (g + 1) * group, :].reshape(n * group, hd_k)
-        scores = qg @ kf.T  # [n * group, n_slots]
-        masked_softmax_f16(scores, group, q_pos, slot_pos, window, np.float32(scale))
-        out[:, g * group : (g + 1) * group, :] = (scores @ vf).reshape(n, group, -1)
+        scores = qg @ kf[g].T  # [n * group, n_slots]
+        masked_softmax(scores, group, q_pos, slot_pos, window, np.float32(scale), f16_cache)
+        out[:, g * group : (g + 1) * group, :] = (scores @ vf[g]).reshape(n, group, -1)

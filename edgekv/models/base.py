@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache import KVCache
+from ..cache import KVCache, rotate
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+from ..kernels.attention_q import attention_rows
 from ..kernels import config
 from ..kernels.config import max_threads
 from ..kernels.matvec import QuantMatrix
@@ -160,6 +161,7 @@ class Scratch:
         self.n_batch = n_batch
         self._scores = np.zeros((0, 0), np.float32)
         self._pv = np.zeros((max_threads(), 4, 16, hp.head_dim_v), np.float32)
+        self.kv_rows = np.zeros((max_threads(), 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
 
     def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
         """Score rows and lane accumulators for the per-query attention kernel; the score
@@ -183,16 +185,31 @@ def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, slots: slice, po
     """Write this chunk's K/V into the cache and attend over everything visible;
     scores are (q . k) * scale."""
     n = q.shape[0]
+    rotate(q, cache.rot_k)  # quantized caches store rotated K and V (cache.py)
+    rotate(k, cache.rot_k)
+    rotate(v, cache.rot_v)
     cache.write(layer, slots, k.reshape(n, hp.n_kv_heads, hp.head_dim), v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
     window = hp.window if hp.local_layers[layer] else 0
     q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
+    n_slots = slots.stop
     if n >= config.BLAS_MIN_TOKENS:
-        attention_chunk_blas(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop,
-                             window, scale, out3)
+        if cache.f16:
+            kf = F16_TO_F32[cache.k[layer][:, :n_slots].view(np.uint16)]
+            vf = F16_TO_F32[cache.v[layer][:, :n_slots].view(np.uint16)]
+        else:
+            kf, vf = cache.dequantized(layer, n_slots)
+        attention_chunk_blas(q3, positions, kf, vf, cache.slot_pos, n_slots, window, scale, out3, cache.f16)
+        rotate(out, cache.rot_v)
+        return
+    scores, scratch = s.attn_scratch(n * hp.n_heads, cache.capacity)
+    if cache.f16:
+        attention_f16(q3, positions, cache.k[layer].view(np.uint16), cache.v[layer].view(np.uint16), cache.slot_pos,
+                      n_slots, window, np.float32(scale), F16_TO_F32, scores, scratch, out3)
     else:
-        scores, pv = s.attn_scratch(n * hp.n_heads, cache.capacity)
-        attention_f16(q3, positions, cache.k[layer], cache.v[layer], cache.slot_pos, slots.stop, window,
-                      np.float32(scale), F16_TO_F32, scores, pv, out3)
+        attention_rows(q3, positions, cache.k[layer], cache.v[layer], cache.kind_k.quant.ggml_type,
+                       cache.kind_v.quant.ggml_type, cache.slot_pos, n_slots, window, np.float32(scale), scores,
+                       s.kv_rows, out3)
+        rotate(out, cache.rot_v)
 
 
 def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,

@@ -1,0 +1,85 @@
+"""Cache types: K and V stored as f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, chosen
+separately, quantized on write, read block by block by attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgekv.cache import CACHE_TYPES, KVCache
+from edgekv.errors import EdgeKVError
+from edgekv.loader import load
+
+TOKENS = [5, 17, 42, 3, 99, 7, 64, 12, 8, 30, 2, 77, 51, 9, 14, 33, 21, 60, 11, 4]
+QUANTIZED_DIMS = dict(dim=128, n_heads=4, n_kv_heads=2, head_dim=32, ff=256)  # head rows of one block
+# logits vs an f32 cache, relative to the logit scale: the cache type's rounding only
+REL_TOL = {"f32": 1e-6, "f16": 2e-3, "bf16": 2e-2, "q8_0": 1e-2, "q5_0": 5e-2, "q5_1": 5e-2,
+           "q4_0": 1e-1, "q4_1": 1e-1}
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request, tiny_model):
+    return load(tiny_model(request.param, **QUANTIZED_DIMS))
+
+
+def _logits(model, type_k, type_v, n_batch):
+    s = model.session(n_ctx=32, n_batch=n_batch, cache_type_k=type_k, cache_type_v=type_v)
+    return s.eval(TOKENS, all_logits=True)
+
+
+@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+def test_each_type_close_to_an_f32_cache(model, cache_type):
+    ref = _logits(model, "f32", "f32", 1)
+    for type_k, type_v in ((cache_type, "f32"), ("f32", cache_type), (cache_type, cache_type)):
+        for n_batch in (1, 64):  # the per-query kernel and the BLAS prefill path
+            got = _logits(model, type_k, type_v, n_batch)
+            err = np.abs(got - ref).max() / np.abs(ref).max()
+            assert err < 2 * REL_TOL[cache_type], (type_k, type_v, n_batch, err)
+
+
+def test_quantized_cache_is_not_dequantized_f32_in_disguise(model):
+    # a q4_0 cache must actually lose information: its logits differ from f32's
+    assert not np.allclose(_logits(model, "q4_0", "q4_0", 1), _logits(model, "f32", "f32", 1), atol=1e-4)
+
+
+def test_bytes_per_token_of_smollm2_geometry():
+    # 30 layers, 3 KV heads of 64 values, K and V
+    expected = {"f16": 23_040, "q8_0": 12_240, "q4_0": 6_480}
+    for name, total in expected.items():
+        cache = KVCache(30, 3, 64, 64, 4, name, name)
+        assert sum(cache.bytes_per_token()) == total
+        assert cache.nbytes == 4 * total
+
+
+def test_impossible_combination_is_refused_with_the_reason(tiny_model):
+    model = load(tiny_model("llama"))  # head_dim 16: not a whole q8_0 block
+    with pytest.raises(EdgeKVError, match=r"cache_type_k='q8_0'.*head size is 16.*multiple of 32"):
+        model.session(n_ctx=16, cache_type_k="q8_0")
+    with pytest.raises(EdgeKVError, match=r"cache_type_v='q9_9'.*supported: f32, f16"):
+        model.session(n_ctx=16, cache_type_v="q9_9")
+    assert model.session(n_ctx=16, cache_type_k="bf16", cache_type_v="f32").eval([1, 2], all_logits=True).shape[0] == 2
+
+
+def test_hadamard_rotation_is_orthonormal_and_undone():
+    from edgekv.cache import hadamard, rotate
+
+    h = hadamard(64)
+    np.testing.assert_allclose(h @ h, np.eye(64), atol=1e-6)
+    x = np.random.default_rng(0).normal(size=(3, 2, 128)).astype(np.float32)
+    y = x.copy()
+    rotate(y, h)
+    assert not np.allclose(x, y)
+    rotate(y, h)
+    np.testing.assert_allclose(y, x, atol=1e-5)
+
+
+def test_quantized_caches_rotate_like_llama_cpp(tiny_model):
+    # head size 128: K rotated in runs of 128, V in runs of 64; q4_0 gets closer to f32
+    model = load(tiny_model("llama", dim=256, n_heads=2, n_kv_heads=1, head_dim=128, ff=256))
+    s = model.session(n_ctx=32, cache_type_k="q4_0", cache_type_v="q4_0")
+    assert s.cache.rot_k.shape == (128, 128) and s.cache.rot_v.shape == (64, 64)
+    assert model.session(n_ctx=32).cache.rot_k is None  # f16: nothing to rotate
+    ref = _logits(model, "f32", "f32", 1)
+    rotated = _logits(model, "q4_0", "q4_0", 1)
+    err = np.abs(rotated - ref).max() / np.abs(ref).max()
+    assert err < REL_TOL["q4_0"]
