@@ -1,18 +1,30 @@
-"""The KV cache: per-layer K and V storage in a chosen type, plus the position of every slot.
+"""The KV cache: per-layer rings of K and V rows in a chosen type, and every slot's position.
 
-Layout per layer: K u8[n_kv_heads, capacity, row_bytes_k] and V u8[n_kv_heads, capacity,
+Layout per layer: K u8[n_kv_heads, cap, row_bytes_k] and V u8[n_kv_heads, cap,
 row_bytes_v], one token's head_dim values per row, stored in the cache type's ggml block
 format (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; K and V chosen separately), so V
-is never transposed and a quantized row is quantized once, on write. `slot_pos[s]` is
-the absolute position held by slot s (-1 when empty). Attention only reads `slot_pos`
-for its masks, so slots can be reused in any order without copying.
+is never transposed and a quantized row is quantized once, on write. `pos[layer][s]` is
+the absolute position held by slot s (-1 when empty); attention reads positions only for
+its masks, so slots are used in any order and nothing is ever copied on wrap.
 
-What does not live here: attention over the storage (kernels/attention*.py), which
-slots a chunk gets beyond filling in order (ring wrap-around and overflow policies are
-the next step, DESIGN.md section 3).
+Two kinds of layer ring:
+- full (cap = n_ctx): a new token takes the lowest free slot, so before the first overflow
+  slots fill in order; when full, the session's overflow policy frees slots (`discard`:
+  drop positions, re-rotate the surviving K by RoPE so positions stay contiguous).
+- windowed (a sliding-window layer, or one limited by `layer_windows`; cap = window +
+  n_batch + n_keep): a ring with a write pointer `cur` that overwrites its oldest slot,
+  which no query can still see, except the n_keep pinned first positions: after a shift
+  they are back inside every window, as they are for the full layers. Its positions are
+  shifted with the full layers, so the two stay consistent (llama.cpp loses them here:
+  its issue 12357, "Gemma 3 gibberish after context shift").
+What does not live here: attention (kernels/attention*.py), when to discard (session.py),
+how RoPE rotates a key (the model's `shift_keys`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -65,9 +77,19 @@ def _cache_type(option: str, name: str, head_dim: int):
     return t
 
 
+@dataclass
+class Reservation:
+    """Slots for a chunk of n tokens: per layer the slot indices, and their positions."""
+
+    positions: np.ndarray  # i32[n]
+    slots: list[np.ndarray]  # per layer i64[n]
+    cur: np.ndarray  # the ring pointers before the chunk, for rollback
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int,
-                 capacity: int, type_k: str = "f16", type_v: str = "f16"):
+                 capacity: int, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
+                 n_batch: int = 512, n_keep: int = 0):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
         self.kind_k = _cache_type("cache_type_k", type_k, head_dim_k)
@@ -75,14 +97,23 @@ class KVCache:
         self.capacity = capacity
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
+        self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
+        self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
+        self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
         rb_k, rb_v = self.kind_k.row_nbytes(head_dim_k), self.kind_v.row_nbytes(head_dim_v)
-        self.k = [np.zeros((n_kv_heads, capacity, rb_k), np.uint8) for _ in range(n_layers)]
-        self.v = [np.zeros((n_kv_heads, capacity, rb_v), np.uint8) for _ in range(n_layers)]
-        self.slot_pos = np.full(capacity, -1, np.int32)  # (capacity,)
+        self.k = [np.zeros((n_kv_heads, cap, rb_k), np.uint8) for cap in self.caps]
+        self.v = [np.zeros((n_kv_heads, cap, rb_v), np.uint8) for cap in self.caps]
+        self.pos = [np.full(cap, -1, np.int32) for cap in self.caps]  # per layer (cap,)
+        self.used = np.zeros(n_layers, np.int64)  # slots ever written: attention scans [0, used)
+        self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
         self.n_tokens = 0
         quantized = {name: kind.quant.block_size > 1 for name, kind in (("k", self.kind_k), ("v", self.kind_v))}
         self.rot_k = _rotation(quantized["k"], head_dim_k, largest=True)  # applied to Q and K
         self.rot_v = _rotation(quantized["v"], head_dim_v, largest=False)  # to V, undone on the output
+
+    def ring(self, layer: int) -> bool:
+        """Whether the layer is a windowed ring smaller than the context."""
+        return self.caps[layer] < self.capacity
 
     @property
     def f16(self) -> bool:
@@ -98,57 +129,115 @@ class KVCache:
         n_layers, n_kv = len(self.k), self.k[0].shape[0]
         return n_layers * n_kv * self.k[0].shape[2], n_layers * n_kv * self.v[0].shape[2]
 
-    def reserve(self, n: int) -> tuple[slice, np.ndarray]:
+    def reserve(self, n: int) -> Reservation:
         """Slots and positions for the next n tokens, visible to attention at once (a chunk
         attends to itself); `commit` makes them part of the cache, `rollback` forgets them.
-        Raises ContextFullError when they do not fit."""
+        Raises ContextFullError when the full layers have no n free slots."""
         if self.n_tokens + n > self.capacity:
             raise ContextFullError(
                 f"{self.n_tokens} tokens in the cache + {n} new exceed the context of {self.capacity} "
-                f"tokens; use a larger n_ctx (-c) or a shorter input",
+                f"tokens; use a larger n_ctx (-c), a shorter input or an overflow policy (--context-shift)",
                 n_tokens=self.n_tokens + n, n_ctx=self.capacity,
             )
-        start = self.n_tokens
-        slots, positions = slice(start, start + n), np.arange(start, start + n, dtype=np.int32)
-        self.slot_pos[slots] = positions
-        return slots, positions
-
-    def write(self, layer: int, slots: slice, k: np.ndarray, v: np.ndarray) -> None:
-        # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
-        for src, dst, kind in ((k, self.k[layer], self.kind_k), (v, self.v[layer], self.kind_v)):
-            rows = np.ascontiguousarray(src.transpose(1, 0, 2))  # [n_kv, n, hd]
-            n_kv, n, hd = rows.shape
-            if kind.name == "f16":  # numpy's conversion is IEEE round-to-nearest-even, as ggml's
-                dst[:, slots, :] = rows.astype(np.float16).view(np.uint8).reshape(n_kv, n, -1)
+        positions = np.arange(self.n_tokens, self.n_tokens + n, dtype=np.int32)
+        res = Reservation(positions, [], self.cur.copy())
+        for layer, pos in enumerate(self.pos):
+            if self.ring(layer):
+                order = (self.cur[layer] + np.arange(self.caps[layer])) % self.caps[layer]
+                pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
+                slots = order[~pinned][:n]
+                self.cur[layer] = (slots[-1] + 1) % self.caps[layer]
             else:
-                out = np.empty((n_kv * n, dst.shape[2]), np.uint8)
-                quantize_rows(rows.reshape(n_kv * n, hd), kind.quant.ggml_type, out)
-                dst[:, slots, :] = out.reshape(n_kv, n, -1)
+                slots = np.flatnonzero(pos < 0)[:n]
+            pos[slots] = positions
+            self.used[layer] = max(self.used[layer], int(slots.max()) + 1)
+            res.slots.append(slots)
+        return res
+
+    def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
+        self._store(self.k[layer], self.kind_k, slots, k)
+        self._store(self.v[layer], self.kind_v, slots, v)
+
+    @staticmethod
+    def _store(dst: np.ndarray, kind, slots: np.ndarray, src: np.ndarray) -> None:
+        rows = np.ascontiguousarray(src.transpose(1, 0, 2))  # [n_kv, n, hd]
+        n_kv, n, hd = rows.shape
+        if kind.name == "f16":  # numpy's conversion is IEEE round-to-nearest-even, as ggml's
+            dst[:, slots, :] = rows.astype(np.float16).view(np.uint8).reshape(n_kv, n, -1)
+        else:
+            out = np.empty((n_kv * n, dst.shape[2]), np.uint8)
+            quantize_rows(rows.reshape(n_kv * n, hd), kind.quant.ggml_type, out)
+            dst[:, slots, :] = out.reshape(n_kv, n, -1)
 
     def dequantized(self, layer: int, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 copies of the first n_slots slots of a layer's K and V, for prefill
         attention through BLAS: f32[n_kv, n_slots, head_dim] each."""
-        out = []
-        for arr, kind, hd in ((self.k[layer], self.kind_k, self.head_dim_k), (self.v[layer], self.kind_v, self.head_dim_v)):
-            n_kv = arr.shape[0]
-            f = np.empty((n_kv * n_slots, hd), np.float32)
-            dequant_rows(np.ascontiguousarray(arr[:, :n_slots]).reshape(n_kv * n_slots, -1), kind.quant.ggml_type, f)
-            out.append(f.reshape(n_kv, n_slots, hd))
-        return out[0], out[1]
+        return self._rows_f32(self.k[layer], self.kind_k, self.head_dim_k, slice(0, n_slots)), \
+            self._rows_f32(self.v[layer], self.kind_v, self.head_dim_v, slice(0, n_slots))
 
-    def commit(self, slots: slice) -> None:
+    @staticmethod
+    def _rows_f32(arr: np.ndarray, kind, hd: int, slots) -> np.ndarray:
+        rows = np.ascontiguousarray(arr[:, slots])
+        n_kv, n = rows.shape[0], rows.shape[1]
+        out = np.empty((n_kv * n, hd), np.float32)
+        dequant_rows(rows.reshape(n_kv * n, -1), kind.quant.ggml_type, out)
+        return out.reshape(n_kv, n, hd)
+
+    def commit(self, res: Reservation) -> None:
         """Make the reserved slots part of the cache once every layer has written them."""
-        self.n_tokens = slots.stop
+        self.n_tokens += res.positions.size
 
-    def rollback(self, slots: slice) -> None:
-        """Forget reserved slots after a failed or interrupted evaluation."""
-        self.slot_pos[slots] = -1
+    def rollback(self, res: Reservation) -> None:
+        """Forget reserved slots after a failed or interrupted evaluation. A windowed ring
+        may have lost its oldest slots to them: positions no later query can see."""
+        for pos, slots in zip(self.pos, res.slots):
+            pos[slots] = -1
+        self.cur[:] = res.cur
 
     def truncate(self, n_tokens: int) -> None:
-        """Keep only the first n_tokens tokens (used by prefix reuse)."""
+        """Keep only positions below n_tokens (prefix reuse); see `max_reusable`."""
         assert 0 <= n_tokens <= self.n_tokens
-        self.slot_pos[n_tokens:] = -1
+        for pos in self.pos:
+            pos[pos >= n_tokens] = -1
         self.n_tokens = n_tokens
+
+    def max_reusable(self) -> int:
+        """The longest prefix the cache can still serve: a windowed ring that has dropped
+        positions below p can only continue from positions up to p + window."""
+        limit = self.n_tokens
+        for layer, pos in enumerate(self.pos):
+            live = pos[pos >= 0]
+            oldest = int(live.min()) if live.size else 0
+            if self.windows[layer] and oldest > 0:
+                limit = min(limit, oldest + self.windows[layer])
+        return limit
 
     def clear(self) -> None:
         self.truncate(0)
+        self.used[:] = 0
+        self.cur[:] = 0
+
+    def discard(self, n_keep: int, n_discard: int, shift_keys) -> None:
+        """Drop positions [n_keep, n_keep + n_discard) from every layer and move later ones
+        down by n_discard, re-rotating their K by RoPE (llama.cpp's context shift).
+        shift_keys(layer, k: f32[m, n_kv, head_dim], delta) rotates keys in place."""
+        assert 0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_tokens
+        for layer, pos in enumerate(self.pos):
+            pos[(pos >= n_keep) & (pos < n_keep + n_discard)] = -1
+            moved = np.flatnonzero(pos >= n_keep + n_discard)
+            pos[moved] -= n_discard
+            if moved.size:
+                self._shift_rows(layer, moved, -n_discard, shift_keys)
+        self.n_tokens -= n_discard
+
+    def _shift_rows(self, layer: int, slots: np.ndarray, delta: int, shift_keys) -> None:
+        k = self._rows_f32(self.k[layer], self.kind_k, self.head_dim_k, slots)  # [n_kv, m, hd]
+        k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
+        rotate(k, self.rot_k)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
+        shift_keys(layer, k, delta)
+        rotate(k, self.rot_k)
+        self.write_k(layer, slots, k)
+
+    def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
+        self._store(self.k[layer], self.kind_k, slots, k)

@@ -36,3 +36,13 @@ class ContextFullError(EdgeKVError):
 
 class ChatTemplateError(EdgeKVError):
     """A chat template failed to render or tried something the sandbox forbids."""
+
+
+class StateFileError(EdgeKVError):
+    """A state file is corrupt, truncated, or from another model or cache geometry.
+
+    `field` names what did not match (e.g. "checksum", "n_ctx", "model_fingerprint")."""
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field

@@ -1,12 +1,12 @@
 """The `Llama` facade: llama-cpp-python's high-level API on top of edgekv's Model and Session.
 
 What lives here: `Llama` (tokenize, eval, generate, create_completion, create_chat_completion,
-in-memory state), the generation loop (prompt reuse, end-of-generation tokens, max_tokens)
-and checking llama-cpp-python's options.
+in-memory state, state files), the generation loop (prompt reuse, end-of-generation tokens,
+max_tokens) and checking llama-cpp-python's options.
 What does not: stop strings, the OpenAI-shaped response dicts and the generation statistics
 (completion.py), the forward pass, the cache and its snapshots (models/, session.py,
-cache.py), the sampler chain (sampling.py), text <-> ids (tokenizer.py), chat templates
-(chat_format.py).
+cache.py), the state file format (state.py), the sampler chain (sampling.py), text <-> ids
+(tokenizer.py), chat templates (chat_format.py).
 
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
@@ -31,6 +31,8 @@ from .errors import ContextFullError, EdgeKVError
 from .loader import load
 from .sampling import LogitsProcessor, Sampler, SamplingParams
 from .session import SessionState
+from .state import load_session, save_session
+from .state import model_fingerprint as fingerprint_of
 
 log = logging.getLogger("edgekv")
 
@@ -101,6 +103,7 @@ class Llama:
         self.metadata = {k: str(v) for k, v in self._model.gguf.metadata.items()
                          if not isinstance(v, (list, tuple, np.ndarray))}
         self.last_stats = GenerationStats()
+        self._fingerprint: str | None = None
 
     def _make_chat_formatter(self, name: str | None) -> ChatFormatter:
         if name is None:
@@ -211,6 +214,30 @@ class Llama:
         self._session.restore(state.session)
         if state.scores is not None and self.logits_all:
             self._store_scores(0, state.scores)
+
+    def save_state_file(self, path: str | os.PathLike) -> None:
+        """Write the conversation (live KV slots, tokens, last logits) to `path` atomically,
+        with this model's fingerprint and a checksum (format: edgekv/state.py). With
+        logits_all, the scores of earlier tokens are not saved."""
+        save_session(self._session, self.model_fingerprint, path)
+
+    def load_state_file(self, path: str | os.PathLike) -> None:
+        """Return to a state saved with save_state_file by this model with the same n_ctx and
+        cache types. A file from another model or geometry, or a damaged one, raises
+        StateFileError naming the field, and the conversation stays as it was."""
+        load_session(self._session, self.model_fingerprint, path)
+        if self.logits_all and self.n_tokens:  # only the last row is known (when the state has logits)
+            try:
+                self._store_scores(self.n_tokens - 1, self._session.logits[None, :])
+            except EdgeKVError:
+                pass
+
+    @property
+    def model_fingerprint(self) -> str:
+        """sha256 identifying the model file (edgekv.state.model_fingerprint), computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_of(self._model)
+        return self._fingerprint
 
     # -- generation --------------------------------------------------------------------------
 

@@ -41,10 +41,13 @@ class Model:
         return self.hp.n_ctx_train
 
     def session(self, n_ctx: int | None = None, n_batch: int = 512, cache_type_k: str = "f16",
-                cache_type_v: str = "f16") -> Session:
-        """A fresh conversation state; n_ctx defaults to the model's trained context, capped at 4096."""
+                cache_type_v: str = "f16", context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
+                layer_windows: dict[int, int] | None = None) -> Session:
+        """A fresh conversation state; n_ctx defaults to the model's trained context, capped at 4096.
+        context_shift: what a full context does ("none": ContextFullError, "shift", "stream")."""
         n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
-        return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v)
+        return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v, context_shift, n_keep, n_discard,
+                       layer_windows)
 
 
 def load(model: str | os.PathLike) -> Model:

@@ -22,28 +22,36 @@ from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
 
+OVERFLOW_POLICIES = ("none", "shift", "stream")
+STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given
+STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time
+
 
 @dataclass(frozen=True)
 class SessionState:
     """A session's conversation at one moment (`Session.snapshot`); its arrays are read-only copies."""
 
     tokens: tuple[int, ...]
-    k: tuple[np.ndarray, ...]  # per layer u16[n_kv_heads, n_ctx, head_dim], the cache's K
-    v: tuple[np.ndarray, ...]  # per layer u16[n_kv_heads, n_ctx, head_dim_v], the cache's V
-    slot_pos: np.ndarray  # i32[n_ctx]
+    k: tuple[np.ndarray, ...]  # per layer u8[n_kv_heads, cap, row_bytes_k], the cache's K rows
+    v: tuple[np.ndarray, ...]  # per layer u8[n_kv_heads, cap, row_bytes_v], the cache's V rows
+    slot_pos: tuple[np.ndarray, ...]  # per layer i32[cap], the position in each slot (-1: empty)
+    ring: np.ndarray  # i64[2, n_layers]: slots ever used, write pointer of windowed rings
+    cache_types: tuple[str, str]  # (K, V)
     n_tokens: int
     n_vocab: int
     logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
 
     @property
     def n_ctx(self) -> int:
-        return self.slot_pos.shape[0]
+        return max(p.shape[0] for p in self.slot_pos)
 
 
 def _geometry(k: Sequence[np.ndarray], v: Sequence[np.ndarray], n_vocab: int) -> dict[str, int]:
-    """What a state and the session restoring it must agree on, named as the hyperparameters."""
-    return dict(n_layers=len(k), n_kv_heads=k[0].shape[0], n_ctx=k[0].shape[1], head_dim=k[0].shape[2],
-                head_dim_v=v[0].shape[2], n_vocab=n_vocab)
+    """What a state and the session restoring it must agree on, named as the hyperparameters
+    (row_bytes: head size times the cache type's bytes per value)."""
+    return dict(n_layers=len(k), n_kv_heads=k[0].shape[0], n_ctx=max(a.shape[1] for a in k),
+                layer_capacities=tuple(a.shape[1] for a in k), row_bytes_k=k[0].shape[2],
+                row_bytes_v=v[0].shape[2], n_vocab=n_vocab)
 
 
 def _frozen_copy(a: np.ndarray) -> np.ndarray:
@@ -53,13 +61,26 @@ def _frozen_copy(a: np.ndarray) -> np.ndarray:
 
 
 class Session:
-    def __init__(self, model, n_ctx: int, n_batch: int = 512, cache_type_k: str = "f16", cache_type_v: str = "f16"):
+    def __init__(self, model, n_ctx: int, n_batch: int = 512, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
+                 layer_windows: dict[int, int] | None = None):
         hp = model.hp
         if n_batch < 1:
             raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
+        if context_shift not in OVERFLOW_POLICIES:
+            raise EdgeKVError(f"context_shift={context_shift!r} is not a policy (choose one of {', '.join(OVERFLOW_POLICIES)})")
+        if n_keep < 0 or n_discard < 0 or n_keep >= n_ctx:
+            raise EdgeKVError(f"n_keep={n_keep}, n_discard={n_discard}: need 0 <= n_keep < n_ctx={n_ctx}, n_discard >= 0")
         self.model = model
         self.n_batch = min(n_batch, n_ctx)
-        self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v)
+        self.context_shift, self.n_keep, self.n_discard = context_shift, n_keep, n_discard
+        windows = [hp.window if local else 0 for local in hp.local_layers]
+        for layer, w in (layer_windows or {}).items():
+            if not 0 <= layer < hp.n_layers or w < 1:
+                raise EdgeKVError(f"layer window {layer}:{w}: layers are 0..{hp.n_layers - 1}, windows at least 1")
+            windows[layer] = min(windows[layer], w) if windows[layer] else w
+        self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
+                             windows, self.n_batch, self._kept())
         self.scratch = Scratch(hp, self.n_batch)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
@@ -105,7 +126,7 @@ class Session:
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
             bad = int(ids[(ids < 0) | (ids >= self.n_vocab)][0])
             raise EdgeKVError(f"token id {bad} is out of range for a vocabulary of {self.n_vocab}")
-        if self.n_tokens + ids.size > self.n_ctx:
+        if self.context_shift == "none" and self.n_tokens + ids.size > self.n_ctx:
             raise ContextFullError(
                 f"{self.n_tokens} tokens in the session + {ids.size} new = {self.n_tokens + ids.size} exceed "
                 f"the context of {self.n_ctx} tokens; use a larger context (-c/n_ctx) or a shorter input",
@@ -124,17 +145,47 @@ class Session:
         self._last_row[0] = n - 1
         return self._last_row
 
+    def _kept(self) -> int:
+        """Tokens at the front an overflow keeps: n_keep, or StreamingLLM's sinks for `stream`."""
+        if self.context_shift == "stream" and not self.n_keep:
+            return STREAM_SINKS
+        return self.n_keep if self.context_shift != "none" else 0
+
+    def _make_room(self, n: int) -> None:
+        """Apply the overflow policy until n more tokens fit (llama.cpp's context shift:
+        keep n_keep, drop the oldest others; `stream` drops small blocks, StreamingLLM-like,
+        keeping n_keep (default 4) attention sinks)."""
+        need = self.n_tokens + n - self.n_ctx
+        if need <= 0:
+            return
+        keep = self._kept()
+        movable = self.n_tokens - keep
+        if movable < need:
+            raise ContextFullError(
+                f"a chunk of {n} tokens does not fit a context of {self.n_ctx} with {keep} kept tokens; "
+                f"use a smaller n_batch or a larger context", n_tokens=self.n_tokens + n, n_ctx=self.n_ctx)
+        if self.context_shift == "shift":
+            discard = max(need, self.n_discard or movable // 2)
+        else:
+            discard = max(need, STREAM_BLOCK)
+        discard = min(discard, movable)
+        log.info("context full: dropping %d tokens after the first %d (%s)", discard, keep, self.context_shift)
+        self.cache.discard(keep, discard, self.model.shift_keys)
+        del self.tokens[keep : keep + discard]
+
     def _eval_chunk(self, chunk: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> None:
-        slots, positions = self.cache.reserve(chunk.size)
+        if self.context_shift != "none":
+            self._make_room(chunk.size)
+        res = self.cache.reserve(chunk.size)
         try:
-            self.model.forward(chunk, positions, self.cache, slots, self.scratch, rows, logits)
+            self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
         except BaseException:
-            self.cache.rollback(slots)
+            self.cache.rollback(res)
             raise
         if not np.isfinite(logits[rows.size - 1]).all():
-            self.cache.rollback(slots)
+            self.cache.rollback(res)
             raise EdgeKVError("the model produced NaN or infinite logits; the input was not added to the session")
-        self.cache.commit(slots)
+        self.cache.commit(res)
         self.tokens.extend(int(t) for t in chunk)
         self.n_evaluated += chunk.size
         self._has_logits = True
@@ -152,22 +203,24 @@ class Session:
         c = self.cache
         assert c.n_tokens == len(self.tokens)
         return SessionState(tokens=tuple(self.tokens), k=tuple(_frozen_copy(a) for a in c.k),
-                            v=tuple(_frozen_copy(a) for a in c.v), slot_pos=_frozen_copy(c.slot_pos),
+                            v=tuple(_frozen_copy(a) for a in c.v), slot_pos=tuple(_frozen_copy(p) for p in c.pos),
+                            ring=_frozen_copy(np.stack([c.used, c.cur])), cache_types=(c.type_k, c.type_v),
                             n_tokens=c.n_tokens, n_vocab=self.n_vocab,
                             logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None)
 
     def restore(self, state: SessionState) -> None:
         """Return to `state`, a snapshot of a session of the same model and n_ctx. A state that
         does not fit raises EdgeKVError and leaves this session as it was."""
-        ours = _geometry(self.cache.k, self.cache.v, self.n_vocab)
-        theirs = _geometry(state.k, state.v, state.n_vocab)
+        ours = dict(_geometry(self.cache.k, self.cache.v, self.n_vocab), cache_types=(self.cache.type_k, self.cache.type_v))
+        theirs = dict(_geometry(state.k, state.v, state.n_vocab), cache_types=state.cache_types)
         for name, value in ours.items():
             if theirs[name] != value:
                 raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
                                   f"{name}={value}; a state fits only a session of the same model and context size")
-        k, v, slot_pos = [a.copy() for a in state.k], [a.copy() for a in state.v], state.slot_pos.copy()
+        k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]
         c = self.cache  # the swap: nothing from here on can fail
-        c.k, c.v, c.slot_pos, c.n_tokens = k, v, slot_pos, state.n_tokens
+        c.k, c.v, c.pos, c.n_tokens = k, v, pos, state.n_tokens
+        c.used[:], c.cur[:] = state.ring[0], state.ring[1]
         self.tokens[:] = state.tokens
         self._has_logits = state.logits is not None
         if state.logits is not None:
@@ -182,6 +235,6 @@ class Session:
         keep = self.common_prefix(ids)
         if keep == len(ids) == len(self.tokens) and self._has_logits:
             return
-        keep = min(keep, len(ids) - 1)  # the last token is replayed so its logits exist
+        keep = min(keep, len(ids) - 1, self.cache.max_reusable())  # replay the last token for its logits
         self.truncate(keep)
         self.eval(ids[keep:])

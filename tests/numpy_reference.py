@@ -94,3 +94,61 @@ class ReferenceModel:
         if hp.final_softcap:
             logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
         return logits
+
+
+class ReferenceSession:
+    """Token-by-token float64 evaluation with an explicit cache of roped K and V per layer,
+    and llama.cpp's context shift on it: the semantics the ring cache must reproduce."""
+
+    def __init__(self, model: ReferenceModel):
+        self.m, hp = model, model.hp
+        self.k = [np.zeros((0, hp.n_kv_heads, hp.head_dim)) for _ in range(hp.n_layers)]
+        self.v = [np.zeros((0, hp.n_kv_heads, hp.head_dim_v)) for _ in range(hp.n_layers)]
+        self.pos = np.zeros(0)
+
+    def _theta(self, layer):
+        hp = self.m.hp
+        return hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
+
+    def discard(self, n_keep: int, n_discard: int) -> None:
+        keep = np.r_[0:n_keep, n_keep + n_discard : len(self.pos)]
+        moved = keep >= n_keep + n_discard
+        for i in range(self.m.hp.n_layers):
+            k = self.k[i][keep]
+            k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self._theta(i))
+            self.k[i], self.v[i] = k, self.v[i][keep]
+        self.pos = np.arange(len(keep), dtype=np.float64)
+
+    def step(self, token: int) -> np.ndarray:
+        m, hp, w = self.m, self.m.hp, self.m.w
+        gemma = hp.arch == "gemma3"
+        p = float(len(self.pos))
+        self.pos = np.append(self.pos, p)
+        x = w["token_embd.weight"][[token]] * (hp.embed_scale if gemma else 1.0)
+        for i in range(hp.n_layers):
+            b = f"blk.{i}."
+            h = m._rms(x, w[b + "attn_norm.weight"])
+            q = (h @ w[b + "attn_q.weight"].T).reshape(1, hp.n_heads, hp.head_dim)
+            k = (h @ w[b + "attn_k.weight"].T).reshape(1, hp.n_kv_heads, hp.head_dim)
+            v = (h @ w[b + "attn_v.weight"].T).reshape(1, hp.n_kv_heads, hp.head_dim_v)
+            if gemma:
+                q, k = m._rms(q, w[b + "attn_q_norm.weight"]), m._rms(k, w[b + "attn_k_norm.weight"])
+            q, k = m._rope(q, np.array([p]), self._theta(i)), m._rope(k, np.array([p]), self._theta(i))
+            self.k[i], self.v[i] = np.concatenate([self.k[i], k]), np.concatenate([self.v[i], v])
+            window = hp.window if hp.local_layers[i] else 0
+            vis = (p - self.pos) < window if window else np.ones(len(self.pos), bool)
+            group = hp.n_heads // hp.n_kv_heads
+            o = np.zeros((hp.n_heads, hp.head_dim_v))
+            for hh in range(hp.n_heads):
+                sc = self.k[i][vis, hh // group] @ q[0, hh] * hp.attn_scale
+                e = np.exp(sc - sc.max())
+                o[hh] = e @ self.v[i][vis, hh // group] / e.sum()
+            o = o.reshape(1, -1) @ w[b + "attn_output.weight"].T
+            x = x + (m._rms(o, w[b + "post_attention_norm.weight"]) if gemma else o)
+            h = m._rms(x, w[b + "ffn_norm.weight"])
+            a, c = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            act = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))) if gemma else a / (1 + np.exp(-a))
+            f = (act * c) @ w[b + "ffn_down.weight"].T
+            x = x + (m._rms(f, w[b + "post_ffw_norm.weight"]) if gemma else f)
+        logits = m._rms(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
+        return logits[0]

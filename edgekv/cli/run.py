@@ -7,10 +7,11 @@ loop. What does not: generation itself (llama.py).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
-from ..errors import EdgeKVError
+from ..errors import EdgeKVError, StateFileError
 from .common import add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
 
 # llama.cpp's string_process_escapes: \n \r \t \' \" \\ and \xNN
@@ -29,6 +30,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-e", "--escape", action=argparse.BooleanOptionalAction, default=True,
                    help="process escapes (\\n, \\t, \\xNN, ...) in the prompt (default: on, as in llama.cpp)")
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    p.add_argument("--prompt-cache", metavar="FILE",
+                   help="reuse the state saved in FILE when its tokens start the prompt; otherwise "
+                        "evaluate the prompt and save its state to FILE (as llama.cpp)")
     p.set_defaults(handler=run)
 
 
@@ -57,7 +61,12 @@ def read_prompt(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     llm = make_llama(args)
-    chunks = llm.create_completion(prompt, stream=True, echo=args.echo, **sampling_kwargs(args))
+    ids = llm.tokenize(prompt, special=True)
+    options = sampling_kwargs(args)
+    cache = _PromptCache(llm, args.prompt_cache, ids) if args.prompt_cache else None
+    if cache is not None:
+        options["stopping_criteria"] = cache
+    chunks = llm.create_completion(ids, stream=True, echo=args.echo, **options)
     try:
         for chunk in chunks:
             sys.stdout.write(chunk["choices"][0]["text"])
@@ -66,5 +75,40 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if cache is not None and llm.n_tokens == len(ids):  # the prompt filled the context: nothing was sampled
+        cache(None, None)
     print_stats(llm.last_stats, llm)
     return 0
+
+
+class _PromptCache:
+    """--prompt-cache FILE: load FILE before the completion; save the prompt's state once it
+    is evaluated (a stopping criterion, called first with exactly the prompt in the session)
+    unless FILE already held all of it. A FILE that does not load is reported and replaced."""
+
+    def __init__(self, llm, path: str, ids: list[int]):
+        self.llm, self.path = llm, path
+        self.save = True
+        if not os.path.exists(path):
+            print(f"prompt cache {path} does not exist yet; it will be created", file=sys.stderr)
+            return
+        try:
+            llm.load_state_file(path)
+        except StateFileError as exc:
+            print(f"edgekv: warning: prompt cache not used, evaluating the prompt: {exc}", file=sys.stderr)
+            return
+        saved = llm.input_ids.tolist()
+        common = 0
+        for a, b in zip(saved, ids):
+            if a != b:
+                break
+            common += 1
+        reused = common if common == len(ids) == len(saved) else min(common, len(ids) - 1)
+        self.save = common < len(ids)
+        print(f"prompt cache {path}: {reused} of {len(ids)} prompt tokens reused", file=sys.stderr)
+
+    def __call__(self, input_ids, logits) -> bool:
+        if self.save:
+            self.save = False
+            self.llm.save_state_file(self.path)
+        return False

@@ -21,7 +21,7 @@ from ..kernels.attention_q import attention_rows
 from ..kernels import config
 from ..kernels.config import max_threads
 from ..kernels.matvec import QuantMatrix
-from ..kernels.ops import rms_norm, rope_tables, softcap_inplace
+from ..kernels.ops import rms_norm, rope_apply, rope_tables, softcap_inplace
 from ..quants import QUANT_TYPES, dequantize
 
 
@@ -180,36 +180,47 @@ def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
         w.matmul(x, out)
 
 
-def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, slots: slice, positions: np.ndarray,
-           q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, scale: float) -> None:
-    """Write this chunk's K/V into the cache and attend over everything visible;
-    scores are (q . k) * scale."""
+def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray,
+           v: np.ndarray, out: np.ndarray, scale: float) -> None:
+    """Write this chunk's K/V into its reserved slots and attend over everything visible;
+    scores are (q . k) * scale. res: the cache's Reservation for the chunk."""
     n = q.shape[0]
     rotate(q, cache.rot_k)  # quantized caches store rotated K and V (cache.py)
     rotate(k, cache.rot_k)
     rotate(v, cache.rot_v)
-    cache.write(layer, slots, k.reshape(n, hp.n_kv_heads, hp.head_dim), v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
-    window = hp.window if hp.local_layers[layer] else 0
+    cache.write(layer, res.slots[layer], k.reshape(n, hp.n_kv_heads, hp.head_dim),
+                v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
+    window, pos, n_slots, positions = cache.windows[layer], cache.pos[layer], int(cache.used[layer]), res.positions
     q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
-    n_slots = slots.stop
     if n >= config.BLAS_MIN_TOKENS:
         if cache.f16:
             kf = F16_TO_F32[cache.k[layer][:, :n_slots].view(np.uint16)]
             vf = F16_TO_F32[cache.v[layer][:, :n_slots].view(np.uint16)]
         else:
             kf, vf = cache.dequantized(layer, n_slots)
-        attention_chunk_blas(q3, positions, kf, vf, cache.slot_pos, n_slots, window, scale, out3, cache.f16)
-        rotate(out, cache.rot_v)
-        return
-    scores, scratch = s.attn_scratch(n * hp.n_heads, cache.capacity)
-    if cache.f16:
-        attention_f16(q3, positions, cache.k[layer].view(np.uint16), cache.v[layer].view(np.uint16), cache.slot_pos,
-                      n_slots, window, np.float32(scale), F16_TO_F32, scores, scratch, out3)
+        attention_chunk_blas(q3, positions, kf, vf, pos, n_slots, window, scale, out3, cache.f16)
     else:
-        attention_rows(q3, positions, cache.k[layer], cache.v[layer], cache.kind_k.quant.ggml_type,
-                       cache.kind_v.quant.ggml_type, cache.slot_pos, n_slots, window, np.float32(scale), scores,
-                       s.kv_rows, out3)
-        rotate(out, cache.rot_v)
+        scores, scratch = s.attn_scratch(n * hp.n_heads, cache.capacity)
+        if cache.f16:
+            attention_f16(q3, positions, cache.k[layer].view(np.uint16), cache.v[layer].view(np.uint16), pos,
+                          n_slots, window, np.float32(scale), F16_TO_F32, scores, scratch, out3)
+        else:
+            attention_rows(q3, positions, cache.k[layer], cache.v[layer], cache.kind_k.quant.ggml_type,
+                           cache.kind_v.quant.ggml_type, pos, n_slots, window, np.float32(scale), scores,
+                           s.kv_rows, out3)
+    rotate(out, cache.rot_v)
+
+
+def shift_keys(hp: HParams, freq_factors: np.ndarray, layer: int, k: np.ndarray, delta: int) -> None:
+    """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
+    delta (a RoPE rotation composes additively in the position), with the layer's base."""
+    m = k.shape[0]
+    theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
+    half = hp.rope_dims // 2
+    cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
+    rope_tables(np.full(m, delta, np.int32), hp.rope_dims, np.float32(theta), np.float32(hp.rope_freq_scale),
+                freq_factors, cos, sin)
+    rope_apply(k, cos, sin, hp.rope_mode)
 
 
 def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,

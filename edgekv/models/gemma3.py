@@ -14,7 +14,7 @@ import numpy as np
 from ..gguf import GGUFFile
 from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
-from .base import (HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+from .base import (HParams, shift_keys, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
                    read_common_hparams, read_float, read_int)
 
 ARCH = "gemma3"
@@ -50,10 +50,13 @@ class Gemma3Model:
         self.layers = [load_layer(w, hp, i, extra) for i in range(hp.n_layers)]
         self.freq_factors = np.ones(hp.rope_dims // 2, np.float32)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, cache, slots: slice, s: Scratch,
-                rows: np.ndarray, logits: np.ndarray) -> None:
-        """Run a chunk of tokens through the model; write logits of the chunk rows `rows`."""
-        hp, n = self.hp, tokens.shape[0]
+    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
+        shift_keys(self.hp, self.freq_factors, layer, k, delta)
+
+    def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
+        """Run a chunk of tokens through the model in the cache slots `res` reserved; write
+        the logits of the chunk rows `rows`."""
+        hp, n, positions = self.hp, tokens.shape[0], res.positions
         eps = np.float32(hp.norm_eps)
         x, h, o = s.x[:n], s.h[:n], s.o[:n]
         q, k, v, att, gate, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.gate[:n], s.up[:n]
@@ -73,7 +76,7 @@ class Gemma3Model:
             rope_apply(q3, cos, sin, hp.rope_mode)
             rope_apply(k3, cos, sin, hp.rope_mode)
             q *= np.float32(hp.attn_scale)  # before attention, as llama.cpp does (it rounds Q to f16)
-            attend(hp, cache, s, il, slots, positions, q, k, v, att, 1.0)
+            attend(hp, cache, s, il, res, q, k, v, att, 1.0)
             project(L.wo, att, o)
             rms_norm(o, L.extra["post_attention_norm"], eps, o)
             add_inplace(x, o)

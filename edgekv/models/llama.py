@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.ops import ROPE_NORM, add_inplace, rms_norm, rope_apply, silu_mul
-from .base import (HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+from .base import (HParams, shift_keys, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
                    read_common_hparams, read_float)
 
 ARCH = "llama"
@@ -40,10 +40,13 @@ class LlamaModel:
         half = hp.rope_dims // 2
         self.freq_factors = w.vector("rope_freqs.weight", half) if w.has("rope_freqs.weight") else np.ones(half, np.float32)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, cache, slots: slice, s: Scratch,
-                rows: np.ndarray, logits: np.ndarray) -> None:
-        """Run a chunk of tokens through the model; write logits of the chunk rows `rows`."""
-        hp, n = self.hp, tokens.shape[0]
+    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
+        shift_keys(self.hp, self.freq_factors, layer, k, delta)
+
+    def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
+        """Run a chunk of tokens through the model in the cache slots `res` reserved; write
+        the logits of the chunk rows `rows`."""
+        hp, n, positions = self.hp, tokens.shape[0], res.positions
         eps = np.float32(hp.norm_eps)
         x, h, o = s.x[:n], s.h[:n], s.o[:n]
         q, k, v, att, gate, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.gate[:n], s.up[:n]
@@ -56,7 +59,7 @@ class LlamaModel:
             project(L.wv, h, v)
             rope_apply(q.reshape(n, hp.n_heads, hp.head_dim), cos, sin, hp.rope_mode)
             rope_apply(k.reshape(n, hp.n_kv_heads, hp.head_dim), cos, sin, hp.rope_mode)
-            attend(hp, cache, s, il, slots, positions, q, k, v, att, hp.attn_scale)
+            attend(hp, cache, s, il, res, q, k, v, att, hp.attn_scale)
             project(L.wo, att, o)
             add_inplace(x, o)
             rms_norm(x, L.ffn_norm, eps, h)

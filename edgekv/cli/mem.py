@@ -1,0 +1,67 @@
+"""`edgekv mem`: the memory plan of a model and context, without reading any weights.
+
+What lives here: the command's options (llama.cpp's -c, -ctk, -ctv, -b, plus -p/-n as
+token counts for the "auto" context, --layer-window and --mem-budget) and printing the
+report. What does not: the planning and the arithmetic (context.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import context
+from ..catalog import resolve_model
+from ..errors import EdgeKVError
+from ..gguf import GGUFFile
+from .common import ctx_size, positive_int
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("mem", parents=[common], help="show the memory plan (KV cache, weights, buffers)",
+                       description="Plan the context and print what the KV cache, the weights and the compute "
+                                   "buffers take. Reads only the GGUF's metadata and tensor directory.")
+    p.add_argument("-m", "--model", required=True, help="GGUF file or catalog name (see `edgekv list`)")
+    p.add_argument("-c", "--ctx-size", type=ctx_size, default="auto",
+                   help="context size in tokens, or 'auto' (from -p and -n; default: auto)")
+    p.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512,
+                   help="prompt tokens the 'auto' context must hold (default: 512)")
+    p.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate, -1 = until the context is full (default: 128)")
+    p.add_argument("-b", "--batch-size", type=positive_int, default=512, help="prompt chunk size (default: 512)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    p.add_argument("--layer-window", metavar="SPEC", default=None,
+                   help="keep only a window in some layers: LAYERS:WINDOW[,...], e.g. 0-9:512,12:256")
+    p.add_argument("--mem-budget", metavar="BYTES", default=None,
+                   help="memory for the KV cache, e.g. 512M or 2G (default: half the available memory minus "
+                        "the weights)")
+    p.set_defaults(handler=mem)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def mem(args: argparse.Namespace) -> int:
+    g = GGUFFile(resolve_model(args.model))
+    hp = context.read_hparams(g)
+    windows = None
+    if args.layer_window:
+        windows = context.parse_layer_windows(args.layer_window, hp.n_layers)
+    if args.mem_budget is not None:
+        budget = context.parse_size(args.mem_budget)
+        if budget < 1:
+            raise EdgeKVError(f"--mem-budget {args.mem_budget!r} is zero; give a positive size such as 512M")
+    else:
+        budget = context.default_mem_budget(context.weight_bytes(g))
+    plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
+                                args.cache_type_v, mem_budget=budget, layer_windows=windows,
+                                n_batch=args.batch_size)
+    print(context.format_memory_report(context.memory_report(g, hp, plan)))
+    return 0

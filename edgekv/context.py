@@ -1,0 +1,395 @@
+"""Context planning: how many tokens the KV cache holds, per layer, and what that costs.
+
+What lives here: `plan_context` (n_ctx="auto" or a number -> a `KVPlan` with the chosen
+n_ctx, why it was chosen, every layer's ring capacity and the KV bytes), the default
+memory budget (`default_mem_budget`), the `--layer-window` syntax (`parse_layer_windows`),
+reading a model's hyperparameters without its weights (`read_hparams`), and the memory
+report of `edgekv mem` (`memory_report`, `format_memory_report`). This is DESIGN.md
+section 3's formula `2 * n_layers * n_kv_heads * head_dim * n_ctx * bytes_per_element`
+made visible, per cache type and per layer kind.
+
+What does not: allocating anything. The cache (cache.py) makes the rings a plan describes,
+the session decides when a ring grows or overflows; nothing here reads weight data.
+
+Capacity of layer i (slots in its ring), with n_ctx the plan's context:
+    global layer                         n_ctx
+    sliding-window layer (gemma3 local)  min(window + n_batch, n_ctx)
+    layer in `layer_windows`             min(layer window (, model window) + n_batch, n_ctx)
+A window layer needs its window plus one prefill chunk: the chunk's first token still
+attends to `window` older tokens while the chunk's own K/V are already written.
+KV bytes = sum_i capacity_i * n_kv_heads * (row_bytes_k + row_bytes_v), row bytes from
+the cache type's ggml block format (quants.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import EdgeKVError, UnsupportedModelError
+from .quants import KV_CACHE_TYPES, kv_cache_type
+
+log = logging.getLogger("edgekv")
+
+CTX_ALIGN = 256  # "auto" contexts are multiples of this (and at least this)
+F32 = 4  # bytes of a float32
+
+# why a plan has its n_ctx
+REASON_INPUT = "input length"
+REASON_TRAINED = "trained context"
+REASON_BUDGET = "memory budget"
+REASON_REQUESTED = "requested"
+
+# layer kinds, in report order
+GLOBAL, SLIDING, WINDOWED = "global", "sliding-window", "windowed"
+LAYER_KINDS = (GLOBAL, SLIDING, WINDOWED)
+
+
+@dataclass(frozen=True)
+class KindSummary:
+    """The layers of one kind: how many, their ring capacities, bytes per token and in all."""
+
+    n_layers: int
+    capacity_min: int
+    capacity_max: int
+    bytes_per_token_k: int  # over these layers
+    bytes_per_token_v: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """A chosen context: make its cache as KVCache(..., n_ctx, cache_type_k, cache_type_v,
+    windows=windows, n_batch=n_batch), whose layer i then has capacities[i] slots."""
+
+    n_ctx: int
+    reason: str  # REASON_*
+    detail: str  # the reason in words, with the numbers
+    cache_type_k: str
+    cache_type_v: str
+    n_batch: int
+    capacities: tuple[int, ...]  # per layer: slots in its ring
+    layer_kinds: tuple[str, ...]  # per layer: GLOBAL, SLIDING or WINDOWED
+    windows: tuple[int, ...]  # per layer: tokens it attends back over, 0 = the whole context
+    row_bytes_k: int  # K bytes of one token in one layer, all KV heads
+    row_bytes_v: int
+    mem_budget: int | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.capacities)
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer has the same capacity (no window is smaller than n_ctx - n_batch)."""
+        return len(set(self.capacities)) <= 1
+
+    @property
+    def bytes_per_token_k(self) -> int:
+        """K bytes one token takes over all layers (KVCache.bytes_per_token()[0])."""
+        return self.n_layers * self.row_bytes_k
+
+    @property
+    def bytes_per_token_v(self) -> int:
+        return self.n_layers * self.row_bytes_v
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(self.capacities) * (self.row_bytes_k + self.row_bytes_v)
+
+    def kinds(self) -> dict[str, KindSummary]:
+        """Layer kind -> its summary, for the kinds present, in LAYER_KINDS order."""
+        out = {}
+        for kind in LAYER_KINDS:
+            caps = [c for c, k in zip(self.capacities, self.layer_kinds) if k == kind]
+            if caps:
+                out[kind] = KindSummary(len(caps), min(caps), max(caps), len(caps) * self.row_bytes_k,
+                                        len(caps) * self.row_bytes_v, sum(caps) * (self.row_bytes_k + self.row_bytes_v))
+        return out
+
+
+def _cache_kind(option: str, name: str, head_dim: int):
+    try:
+        kind = kv_cache_type(name)
+    except EdgeKVError as exc:
+        raise EdgeKVError(f"{option}={name!r}: {exc}") from None
+    block = kind.quant.block_size
+    if head_dim % block:
+        raise EdgeKVError(f"{option}={name!r} stores blocks of {block} values, but this model's head size is "
+                          f"{head_dim}, not a multiple of {block}; choose f16, bf16 or f32 for {option}")
+    return kind
+
+
+def _layer_limits(hp, layer_windows: dict[int, int] | None,
+                  n_batch: int) -> tuple[list[float], list[str], list[int]]:
+    """Per layer: the most slots it can ever need (inf for global layers), its kind and window."""
+    layer_windows = layer_windows or {}
+    for i, w in layer_windows.items():
+        if not 0 <= i < hp.n_layers:
+            raise EdgeKVError(f"layer window for layer {i}: the model has layers 0..{hp.n_layers - 1}")
+        if w < 1:
+            raise EdgeKVError(f"layer window for layer {i} is {w}; a window must be at least 1 token")
+    limits, kinds, windows = [], [], []
+    local = tuple(hp.local_layers) or (False,) * hp.n_layers
+    for i in range(hp.n_layers):
+        window = hp.window if local[i] and hp.window else 0
+        kind = SLIDING if window else GLOBAL
+        if i in layer_windows:
+            window = min(window, layer_windows[i]) if window else layer_windows[i]
+            kind = WINDOWED
+        limits.append(window + n_batch if window else float("inf"))
+        kinds.append(kind)
+        windows.append(window)
+    return limits, kinds, windows
+
+
+def _kv_bytes(n_ctx: int, limits: list[float], row_bytes: int) -> int:
+    return sum(int(min(n_ctx, lim)) for lim in limits) * row_bytes
+
+
+def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", cache_type_k: str = "f16",
+                 cache_type_v: str = "f16", mem_budget: int | None = None,
+                 layer_windows: dict[int, int] | None = None, n_batch: int = 512) -> KVPlan:
+    """Choose the context and every layer's ring capacity.
+
+    n_ctx="auto": n_prompt + n_predict (n_predict < 0: generate until full, so the trained
+    context) rounded up to a multiple of 256, capped by hp.n_ctx_train and by the largest
+    multiple of 256 whose KV bytes fit in mem_budget (None: no budget; callers that want
+    one pass `default_mem_budget(weight_bytes)`). An int n_ctx is taken as is; above the
+    trained context or the budget it is logged as a warning, not refused (as llama.cpp).
+    """
+    if n_batch < 1:
+        raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
+    kind_k = _cache_kind("cache_type_k", cache_type_k, hp.head_dim)
+    kind_v = _cache_kind("cache_type_v", cache_type_v, hp.head_dim_v)
+    row_k, row_v = hp.n_kv_heads * kind_k.row_nbytes(hp.head_dim), hp.n_kv_heads * kind_v.row_nbytes(hp.head_dim_v)
+    limits, kinds, windows = _layer_limits(hp, layer_windows, n_batch)
+    row = row_k + row_v
+    if n_ctx == "auto":
+        n_ctx, reason, detail = _auto_ctx(hp, n_prompt, n_predict, mem_budget, limits, row)
+    elif isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
+        if n_ctx < 1:
+            raise EdgeKVError(f"n_ctx must be at least 1 or 'auto', got {n_ctx}; use -c auto or a positive number")
+        reason, detail = REASON_REQUESTED, f"-c {n_ctx}"
+        if n_ctx > hp.n_ctx_train:
+            log.warning("n_ctx = %d is larger than the model's trained context of %d tokens; output past %d "
+                        "tokens may degrade", n_ctx, hp.n_ctx_train, hp.n_ctx_train)
+        if mem_budget is not None and _kv_bytes(n_ctx, limits, row) > mem_budget:
+            log.warning("n_ctx = %d needs %s of KV cache, more than the memory budget of %s", n_ctx,
+                        format_bytes(_kv_bytes(n_ctx, limits, row)), format_bytes(mem_budget))
+    else:
+        raise EdgeKVError(f"n_ctx must be a positive integer or 'auto', got {n_ctx!r}")
+    capacities = tuple(int(min(n_ctx, lim)) for lim in limits)
+    return KVPlan(n_ctx, reason, detail, kind_k.name, kind_v.name, n_batch, capacities, tuple(kinds),
+                  tuple(windows), row_k, row_v, mem_budget)
+
+
+def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits: list[float],
+              row: int) -> tuple[int, str, str]:
+    if n_prompt < 0:
+        raise EdgeKVError(f"n_prompt must be at least 0, got {n_prompt}")
+    if n_predict < 0:
+        n_ctx, reason = hp.n_ctx_train, REASON_TRAINED
+        detail = f"n_predict = {n_predict} generates until the context is full"
+    else:
+        needed = n_prompt + n_predict
+        n_ctx = max(CTX_ALIGN, -(-needed // CTX_ALIGN) * CTX_ALIGN)
+        reason = REASON_INPUT
+        detail = f"{n_prompt} prompt + {n_predict} predicted tokens, rounded up to a multiple of {CTX_ALIGN}"
+        if n_ctx > hp.n_ctx_train:
+            n_ctx, reason = hp.n_ctx_train, REASON_TRAINED
+            detail = f"{needed} tokens needed, capped by the trained context of {hp.n_ctx_train}"
+    if mem_budget is None or _kv_bytes(n_ctx, limits, row) <= mem_budget:
+        return n_ctx, reason, detail
+    smallest = min(CTX_ALIGN, n_ctx)
+    if _kv_bytes(smallest, limits, row) > mem_budget:
+        raise EdgeKVError(
+            f"the memory budget of {format_bytes(mem_budget)} cannot hold even {smallest} tokens of KV cache "
+            f"({format_bytes(_kv_bytes(smallest, limits, row))}); raise --mem-budget, free memory, or use a "
+            f"smaller cache type (-ctk/-ctv q8_0 or q4_0)")
+    lo, hi = 1, n_ctx // CTX_ALIGN  # largest k with kv_bytes(k * 256) <= budget; k = lo fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _kv_bytes(mid * CTX_ALIGN, limits, row) <= mem_budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    fitted = max(lo * CTX_ALIGN, smallest)
+    return fitted, REASON_BUDGET, f"{detail}; {n_ctx} tokens do not fit the memory budget of {format_bytes(mem_budget)}"
+
+
+# ---- memory budget -------------------------------------------------------------------------
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation: MemAvailable of /proc/meminfo, else
+    free physical pages from sysconf; None when neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_mem_budget(weight_bytes: int) -> int | None:
+    """Half the available memory minus the model's weights (never below 0); None if the
+    available memory is unknown (no budget)."""
+    avail = available_memory()
+    if avail is None:
+        return None
+    return max(0, avail // 2 - int(weight_bytes))
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '2G', '1.5g', '4096', '2GiB' -> bytes (binary multiples: 1K = 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise EdgeKVError(f"memory size {text!r}: expected a number with an optional K, M, G or T suffix "
+                          f"(e.g. 512M, 2G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+# ---- --layer-window ------------------------------------------------------------------------
+
+def parse_layer_windows(spec: str, n_layers: int | None = None) -> dict[int, int]:
+    """'0-9:512,12:256' -> {0: 512, ..., 9: 512, 12: 256}: layers (a or a-b, inclusive) and
+    the window their ring keeps. Layer indices are checked against n_layers when given."""
+    out: dict[int, int] = {}
+    for part in str(spec).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?\s*:\s*(\d+)", part)
+        if not m:
+            raise EdgeKVError(f"layer window {part!r} in {spec!r}: expected LAYER:WINDOW or FIRST-LAST:WINDOW, "
+                              f"e.g. 0-9:512,12:256")
+        first, last, window = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3))
+        if last < first:
+            raise EdgeKVError(f"layer window {part!r}: layer range {first}-{last} runs backwards")
+        if window < 1:
+            raise EdgeKVError(f"layer window {part!r}: a window must be at least 1 token, got {window}")
+        if n_layers is not None and last >= n_layers:
+            raise EdgeKVError(f"layer window {part!r}: layer {last} does not exist; the model has layers "
+                              f"0..{n_layers - 1}")
+        for i in range(first, last + 1):
+            if i in out:
+                raise EdgeKVError(f"layer window {part!r}: layer {i} is given a window twice in {spec!r}")
+            out[i] = window
+    return out
+
+
+# ---- hyperparameters without weights -------------------------------------------------------
+
+def read_hparams(g):
+    """HParams of a GGUFFile from its metadata alone, through the architecture module's
+    `read_hparams` (building the model would read the weights)."""
+    from .models import ARCHITECTURES  # imports the kernels: only when a model is read
+
+    arch = g.architecture
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
+    return importlib.import_module(ARCHITECTURES[arch].__module__).read_hparams(g)
+
+
+# ---- memory report -------------------------------------------------------------------------
+
+def weight_bytes(gguf_file) -> int:
+    """Bytes of all tensors in the GGUF's directory (sizes of the mapped views; no data read)."""
+    return sum(int(t.data.nbytes) for t in gguf_file.tensors.values())
+
+
+def compute_bytes(hp, plan: KVPlan) -> dict[str, int]:
+    """Estimated working buffers of a forward pass (models/base.py Scratch and attention):
+    scratch rows for a chunk, one logits row, prefill attention scores over the context,
+    and the float32 copies of one layer's K and V that BLAS prefill attends over."""
+    nb = plan.n_batch
+    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    row = 3 * hp.dim + q_dim + kv_dim + hp.n_kv_heads * hp.head_dim_v + hp.n_heads * hp.head_dim_v + 2 * hp.ff
+    capacity = max(plan.capacities) if plan.capacities else plan.n_ctx
+    return {
+        "scratch": nb * row * F32,
+        "logits": hp.n_vocab * F32,
+        "attention scores": nb * hp.n_heads * capacity * F32,
+        "attention K/V f32": hp.n_kv_heads * capacity * (hp.head_dim + hp.head_dim_v) * F32,
+    }
+
+
+def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
+    """Everything `edgekv mem` prints, as numbers (bytes)."""
+    kinds = plan.kinds()
+    weights = weight_bytes(gguf_file)
+    compute = compute_bytes(hp, plan)
+    per_type = {}
+    for name, kind in KV_CACHE_TYPES.items():  # K = V = this type, where the head size allows it
+        if hp.head_dim % kind.quant.block_size == 0 and hp.head_dim_v % kind.quant.block_size == 0:
+            row = kind.row_nbytes(hp.head_dim) + kind.row_nbytes(hp.head_dim_v)
+            per_type[name] = hp.n_layers * hp.n_kv_heads * row
+    return {
+        "model": str(gguf_file.get("general.name", os.path.basename(gguf_file.path))),
+        "arch": hp.arch, "n_layers": hp.n_layers, "n_kv_heads": hp.n_kv_heads,
+        "head_dim": hp.head_dim, "head_dim_v": hp.head_dim_v, "n_ctx_train": hp.n_ctx_train,
+        "n_ctx": plan.n_ctx, "reason": plan.reason, "detail": plan.detail, "n_batch": plan.n_batch,
+        "cache_type_k": plan.cache_type_k, "cache_type_v": plan.cache_type_v,
+        "bytes_per_token_k": plan.bytes_per_token_k, "bytes_per_token_v": plan.bytes_per_token_v,
+        "bytes_per_token_by_type": per_type,
+        "kv_by_kind": {kind: asdict(s) for kind, s in kinds.items()},
+        "kv_bytes": plan.kv_bytes,
+        "weights_bytes": weights,
+        "compute": compute,
+        "compute_bytes": sum(compute.values()),
+        "total_bytes": weights + plan.kv_bytes + sum(compute.values()),
+        "mem_budget": plan.mem_budget,
+    }
+
+
+def format_bytes(n: int | float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _both(n: int) -> str:
+    return f"{n:,} bytes ({format_bytes(n)})"
+
+
+def format_memory_report(report: dict[str, Any]) -> str:
+    """The report as text: the plan (n_ctx and why, bytes per token, KV total), then the
+    weights, the compute buffers and the sum."""
+    r = report
+    lines = [
+        f"model:           {r['model']} ({r['arch']}, {r['n_layers']} layers, {r['n_kv_heads']} KV heads, "
+        f"head size {r['head_dim']}" + (f"/{r['head_dim_v']}" if r["head_dim_v"] != r["head_dim"] else "") + ")",
+        f"n_ctx:           {r['n_ctx']} ({r['reason']}: {r['detail']}); trained context {r['n_ctx_train']}",
+        f"cache types:     K {r['cache_type_k']}, V {r['cache_type_v']}",
+        f"KV per token:    K {r['bytes_per_token_k']:,} + V {r['bytes_per_token_v']:,} = "
+        f"{r['bytes_per_token_k'] + r['bytes_per_token_v']:,} bytes (all layers)",
+        "  by type (K=V): " + ", ".join(f"{name} {n:,}" for name, n in r["bytes_per_token_by_type"].items()),
+        "KV cache by layer kind:",
+    ]
+    for kind, s in r["kv_by_kind"].items():
+        cap = (str(s["capacity_min"]) if s["capacity_min"] == s["capacity_max"]
+               else f"{s['capacity_min']}-{s['capacity_max']}")
+        lines.append(f"  {kind:<15}{s['n_layers']:>4} layers x {cap:>7} slots, "
+                     f"{s['bytes_per_token_k'] + s['bytes_per_token_v']:,} bytes/token: {_both(s['kv_bytes'])}")
+    lines.append(f"KV cache total:  {_both(r['kv_bytes'])}")
+    lines.append(f"weights:         {_both(r['weights_bytes'])}")
+    lines.append(f"compute (est.):  {_both(r['compute_bytes'])} = "
+                 + " + ".join(f"{name} {format_bytes(n)}" for name, n in r["compute"].items())
+                 + f" (n_batch {r['n_batch']})")
+    lines.append(f"total:           {_both(r['total_bytes'])}")
+    if r["mem_budget"] is not None:
+        lines.append(f"KV budget:       {_both(r['mem_budget'])}")
+    return "\n".join(lines)

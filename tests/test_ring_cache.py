@@ -1,0 +1,67 @@
+"""The ring cache under each overflow policy against a float64 NumPy reference of the same
+semantics (tests/numpy_reference.py ReferenceSession), on tiny models with F32 weights
+and an f32 cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgekv.errors import ContextFullError
+from edgekv.loader import load
+from numpy_reference import ReferenceModel, ReferenceSession
+
+rng = np.random.default_rng(7)
+
+
+def _run(session, ref, tokens, policy_keep, policy_discard):
+    """Feed tokens one at a time to both; mirror every discard the session makes."""
+    errs = []
+    for t in tokens:
+        before = session.n_tokens
+        session.eval([t])
+        dropped = before + 1 - session.n_tokens
+        if dropped:
+            ref.discard(policy_keep, dropped)
+        want = ref.step(t)
+        errs.append(np.abs(session.logits - want).max() / np.abs(want).max())
+        assert session.n_tokens == session.cache.n_tokens == len(ref.pos) <= session.n_ctx
+    return np.array(errs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("capacity", [16, 64, 257])
+@pytest.mark.parametrize("policy", ["shift", "stream"])
+def test_policies_match_reference_over_ten_capacities(tiny_model, arch, capacity, policy):
+    path = tiny_model(arch)
+    model = load(path)
+    keep = 2
+    s = model.session(n_ctx=capacity, n_batch=1, cache_type_k="f32", cache_type_v="f32",
+                      context_shift=policy, n_keep=keep)
+    ref = ReferenceSession(ReferenceModel(path))
+    tokens = rng.integers(0, model.hp.n_vocab, 10 * capacity)
+    errs = _run(s, ref, tokens, keep, None)
+    limit = 1e-4 if arch == "llama" else 3e-3  # gemma3: ggml's f16 GELU table
+    assert errs.max() < limit, errs.max()
+    # no growth of the error over time: the last stretch is no worse than the first
+    assert errs[-capacity:].max() < 10 * max(errs[:capacity].max(), 1e-7)
+
+
+def test_none_policy_refuses_and_stays_usable(tiny_model):
+    s = load(tiny_model("llama")).session(n_ctx=16, n_batch=4)
+    s.eval(list(range(1, 15)))
+    with pytest.raises(ContextFullError):
+        s.eval([1, 2, 3])
+    assert s.n_tokens == 14
+    s.eval([1, 2])
+    assert s.n_tokens == 16
+
+
+def test_shift_keeps_prefix_and_drops_half(tiny_model):
+    s = load(tiny_model("llama")).session(n_ctx=16, n_batch=1, context_shift="shift", n_keep=3)
+    toks = list(range(1, 17))
+    s.eval(toks)
+    s.eval([99])
+    # 13 movable tokens, half (6) dropped after the kept 3: llama.cpp's n_discard default
+    assert s.tokens == toks[:3] + toks[9:] + [99]
+    assert sorted(int(p) for p in s.cache.pos[0] if p >= 0) == list(range(len(s.tokens)))
