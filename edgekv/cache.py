@@ -34,6 +34,10 @@ from .kernels.quantize import quantize_rows
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
+# Numerical policy: a K or V value beyond the f16 range is saturated to +-65504 when an f16
+# cache stores it (llama.cpp would store inf and produce NaN scores); NaN stays NaN, and
+# NaN or infinite logits make the session raise instead of sampling garbage (session.py).
+F16_MAX = np.float32(65504.0)
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -164,6 +168,7 @@ class KVCache:
         rows = np.ascontiguousarray(src.transpose(1, 0, 2))  # [n_kv, n, hd]
         n_kv, n, hd = rows.shape
         if kind.name == "f16":  # numpy's conversion is IEEE round-to-nearest-even, as ggml's
+            np.clip(rows, -F16_MAX, F16_MAX, out=rows)  # saturate: a K or V beyond f16 is stored as +-65504
             dst[:, slots, :] = rows.astype(np.float16).view(np.uint8).reshape(n_kv, n, -1)
         else:
             out = np.empty((n_kv * n, dst.shape[2]), np.uint8)

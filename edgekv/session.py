@@ -85,6 +85,7 @@ class Session:
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
         self._last_logits = np.zeros((1, hp.n_vocab), np.float32)
+        self._spare_logits = np.zeros((1, hp.n_vocab), np.float32)  # written, then swapped in on success
         self._last_row = np.zeros(1, np.int64)
         self._has_logits = False
         self.n_evaluated = 0  # tokens run through the model since creation (for reuse accounting)
@@ -135,7 +136,7 @@ class Session:
         for start in range(0, ids.size, self.n_batch):
             chunk = ids[start : start + self.n_batch]
             rows = np.arange(chunk.size) if all_logits else self._last_row_for(chunk.size)
-            logits = out[start : start + chunk.size] if all_logits else self._last_logits
+            logits = out[start : start + chunk.size] if all_logits else self._spare_logits
             self._eval_chunk(chunk, rows, logits)
             if all_logits:
                 self._last_logits[0] = out[start + chunk.size - 1]
@@ -186,6 +187,8 @@ class Session:
             self.cache.rollback(res)
             raise EdgeKVError("the model produced NaN or infinite logits; the input was not added to the session")
         self.cache.commit(res)
+        if logits is self._spare_logits:
+            self._last_logits, self._spare_logits = self._spare_logits, self._last_logits
         self.tokens.extend(int(t) for t in chunk)
         self.n_evaluated += chunk.size
         self._has_logits = True
@@ -225,6 +228,43 @@ class Session:
         self._has_logits = state.logits is not None
         if state.logits is not None:
             self._last_logits[0] = state.logits
+
+    def grown(self, new_n_ctx: int, n_batch: int | None = None) -> "Session":
+        """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:
+        tokens, K/V rows, positions, logits and counters are copied once (the `n_ctx="auto"`
+        growth of DESIGN.md section 3). A layer whose ring keeps its size is copied slot for
+        slot (ring pointer included); a layer whose ring gets larger receives its live slots
+        in position order at the front, so a windowed ring's next write still overwrites its
+        oldest slot. This session is left as it was."""
+        if new_n_ctx < self.n_ctx:
+            raise EdgeKVError(f"cannot grow a context of {self.n_ctx} tokens to {new_n_ctx}")
+        c = self.cache
+        new = Session(self.model, new_n_ctx, n_batch or self.n_batch, c.type_k, c.type_v, self.context_shift,
+                      self.n_keep, self.n_discard, None)
+        if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
+            new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
+                                c.windows, new.n_batch, new._kept())
+        d = new.cache
+        for layer, pos in enumerate(c.pos):
+            if d.caps[layer] == c.caps[layer]:
+                d.k[layer][...] = c.k[layer]
+                d.v[layer][...] = c.v[layer]
+                d.pos[layer][...] = pos
+                d.used[layer], d.cur[layer] = c.used[layer], c.cur[layer]
+                continue
+            live = np.flatnonzero(pos >= 0)
+            order = live[np.argsort(pos[live], kind="stable")]
+            m = order.size
+            d.k[layer][:, :m] = c.k[layer][:, order]
+            d.v[layer][:, :m] = c.v[layer][:, order]
+            d.pos[layer][:m] = pos[order]
+            d.used[layer], d.cur[layer] = m, m % d.caps[layer]
+        d.n_tokens = c.n_tokens
+        new.tokens = list(self.tokens)
+        new._last_logits[...] = self._last_logits
+        new._has_logits = self._has_logits
+        new.n_evaluated = self.n_evaluated
+        return new
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Make the session hold exactly `ids` with logits for the last one, reusing the

@@ -88,3 +88,33 @@ def test_quantized_caches_rotate_like_llama_cpp(tiny_model):
     rotated = _logits(model, "q4_0", "q4_0", 1)
     err = np.abs(rotated - ref).max() / np.abs(ref).max()
     assert err < REL_TOL["q4_0"]
+
+
+def test_f16_cache_saturates_values_beyond_its_range():
+    cache = KVCache(1, 1, 32, 32, 4, "f16", "f16")
+    k = np.full((1, 1, 32), 1e6, np.float32)
+    k[0, 0, 1] = -1e9
+    res = cache.reserve(1)
+    cache.write(0, res.slots[0], k, k.copy())
+    stored = cache.k[0][0, 0].view(np.float16).astype(np.float32)
+    assert stored[0] == 65504.0 and stored[1] == -65504.0 and np.isfinite(stored).all()
+
+
+def test_nan_logits_raise_and_leave_the_session_unchanged(tiny_model):
+    from edgekv.errors import EdgeKVError
+
+    model = load(tiny_model("llama"))
+    s = model.session(n_ctx=16)
+    s.eval([1, 2, 3])
+    before = s.logits.copy()
+    saved = model.network.output_norm.copy()
+    model.network.output_norm[:] = np.nan
+    try:
+        with pytest.raises(EdgeKVError, match="NaN or infinite logits"):
+            s.eval([4])
+    finally:
+        model.network.output_norm[:] = saved
+    assert s.n_tokens == s.cache.n_tokens == 3
+    np.testing.assert_array_equal(s.logits, before)  # the failed call's logits were not kept
+    s.eval([4])
+    assert np.isfinite(s.logits).all() and not np.array_equal(s.logits, before)
