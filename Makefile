@@ -9,9 +9,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.edgekv-installed
 MODELS      := smollm2-135m-instruct gemma3-270m
 PYTEST_ARGS ?=
-# Fetch a catalog model by name. Goes through the library until `edgekv pull` lands,
-# then becomes: PULL := $(PY) -m edgekv pull
-PULL        := $(PY) -c 'import sys; from edgekv.catalog import ensure_model; ensure_model(sys.argv[1])'
+PULL        := $(PY) -m edgekv pull
 
 .PHONY: test chat bench install
 
@@ -20,7 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 chat: $(STAMP)
-	$(PULL) $$($(PY) -c 'from edgekv.catalog import default_model_name; print(default_model_name())')
+	$(PULL)
 	$(VENV)/bin/edgekv chat
 
 bench: $(STAMP)
