@@ -5,7 +5,7 @@ n tokens after a 1-token prompt for tg; the first repetition warms up (JIT, page
 and is not counted. Prints a Markdown table with the ratio to llama.cpp's figures from
 ../shared/reference/README.md (2 threads, same machine class).
 
-    python benchmarks/speed.py [-m NAME ...] [-p 512] [-n 128] [-r 3] [-t THREADS]
+    python benchmarks/speed.py [-m NAME ...] [-p 512] [-n 128] [-r 3] [-t THREADS] [-d 4096 [-ct f16 q8_0 q4_0]]
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from edgekv.kernels.config import set_num_threads
 from edgekv.loader import load
 
 LLAMA_CPP = {  # llama-bench -t 2, tokens/s (../shared/reference/README.md)
-    "smollm2-135m-instruct": {"pp512": 347.0, "tg128": 108.0},
+    "smollm2-135m-instruct": {"pp512": 347.0, "tg128": 108.0,
+                              "tg64@d4096 f16": 30.5, "tg64@d4096 q8_0": 31.2, "tg64@d4096 q4_0": 21.9},
     "gemma3-270m": {"pp512": 699.0, "tg128": 52.0},
 }
 
@@ -33,9 +34,10 @@ def bench_pp(model, n_prompt: int) -> float:
     return n_prompt / (time.perf_counter() - t0)
 
 
-def bench_tg(model, n_gen: int) -> float:
-    s = model.session(n_ctx=n_gen + 8, n_batch=512)
-    s.eval([1])
+def bench_tg(model, n_gen: int, depth: int = 0, cache_type: str = "f16") -> float:
+    """Decode n_gen tokens after `depth` tokens of random prompt (llama-bench's tg at -d)."""
+    s = model.session(n_ctx=depth + n_gen + 8, n_batch=512, cache_type_k=cache_type, cache_type_v=cache_type)
+    s.eval(np.random.default_rng(1).integers(0, model.hp.n_vocab, depth + 1))
     tok = 1
     t0 = time.perf_counter()
     for _ in range(n_gen):
@@ -51,13 +53,18 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("-d", type=int, default=0, help="also decode 64 tokens at this depth, per cache type")
+    ap.add_argument("-ct", nargs="*", default=["f16", "q8_0", "q4_0"], help="cache types for -d")
     args = ap.parse_args()
     set_num_threads(args.t)
     print("| model | test | edgekv t/s | llama.cpp t/s | ratio |\n|---|---|---|---|---|")
     for name in args.model:
         model = load(name)
-        for test, fn, n in ((f"pp{args.p}", bench_pp, args.p), (f"tg{args.n}", bench_tg, args.n)):
-            runs = [fn(model, n) for _ in range(args.r + 1)][1:]
+        tests = [(f"pp{args.p}", lambda: bench_pp(model, args.p)), (f"tg{args.n}", lambda: bench_tg(model, args.n))]
+        if args.d:
+            tests += [(f"tg64@d{args.d} {ct}", lambda ct=ct: bench_tg(model, 64, args.d, ct)) for ct in args.ct]
+        for test, fn in tests:
+            runs = [fn() for _ in range(args.r + 1)][1:]
             mean, sd = statistics.mean(runs), statistics.pstdev(runs)
             ref = LLAMA_CPP.get(name, {}).get(test)
             ratio = f"{mean / ref:.2f}x" if ref else "-"

@@ -201,27 +201,31 @@ class KVCache:
         self.cur[:] = res.cur
 
     def truncate(self, n_tokens: int) -> None:
-        """Keep only positions below n_tokens (prefix reuse); see `max_reusable`."""
+        """Keep only positions below n_tokens (prefix reuse); see `reusable_prefix`."""
         assert 0 <= n_tokens <= self.n_tokens
         for pos in self.pos:
             pos[pos >= n_tokens] = -1
         self.n_tokens = n_tokens
+        if n_tokens == 0:  # an empty cache starts over, exactly like a new one
+            self.used[:] = 0
+            self.cur[:] = 0
 
-    def max_reusable(self) -> int:
-        """The longest prefix the cache can still serve: a windowed ring that has dropped
-        positions below p can only continue from positions up to p + window."""
-        limit = self.n_tokens
+    def reusable_prefix(self, n: int) -> int:
+        """n if the first n positions can be kept and evaluation continue from there, else 0:
+        a windowed ring that has dropped positions needs [n - window, n) still in its slots
+        (otherwise those layers would attend to keys that no longer exist)."""
+        n = min(n, self.n_tokens)
         for layer, pos in enumerate(self.pos):
-            live = pos[pos >= 0]
-            oldest = int(live.min()) if live.size else 0
-            if self.windows[layer] and oldest > 0:
-                limit = min(limit, oldest + self.windows[layer])
-        return limit
+            window = self.windows[layer]
+            live = pos[pos >= self.n_keep]
+            if window and live.size and n > 0:
+                dropped_below = int(live.min())  # positions n_keep .. dropped_below-1 are gone
+                if dropped_below > self.n_keep and n - window < dropped_below:
+                    return 0
+        return n
 
     def clear(self) -> None:
         self.truncate(0)
-        self.used[:] = 0
-        self.cur[:] = 0
 
     def discard(self, n_keep: int, n_discard: int, shift_keys) -> None:
         """Drop positions [n_keep, n_keep + n_discard) from every layer and move later ones

@@ -275,6 +275,6 @@ class Session:
         keep = self.common_prefix(ids)
         if keep == len(ids) == len(self.tokens) and self._has_logits:
             return
-        keep = min(keep, len(ids) - 1, self.cache.max_reusable())  # replay the last token for its logits
+        keep = self.cache.reusable_prefix(min(keep, len(ids) - 1))  # replay the last token for its logits
         self.truncate(keep)
         self.eval(ids[keep:])

@@ -96,6 +96,15 @@ class ReferenceModel:
         return logits
 
 
+def _ggml_gelu(a: np.ndarray) -> np.ndarray:
+    """GELU as ggml computes it on CPUs (GGML_GELU_FP16): x rounded to f16, the result
+    rounded to f16, identity above 10 and 0 below -10. The step semantics the ring
+    tests hold edgekv to; the tanh formula itself is the textbook one."""
+    x16 = a.astype(np.float16).astype(np.float64)
+    g = (0.5 * x16 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x16 + 0.044715 * x16**3)))).astype(np.float16)
+    return np.where(a <= -10, 0.0, np.where(a >= 10, a, g.astype(np.float64)))
+
+
 class ReferenceSession:
     """Token-by-token float64 evaluation with an explicit cache of roped K and V per layer,
     and llama.cpp's context shift on it: the semantics the ring cache must reproduce."""
@@ -147,7 +156,7 @@ class ReferenceSession:
             x = x + (m._rms(o, w[b + "post_attention_norm.weight"]) if gemma else o)
             h = m._rms(x, w[b + "ffn_norm.weight"])
             a, c = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
-            act = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3))) if gemma else a / (1 + np.exp(-a))
+            act = _ggml_gelu(a) if gemma else a / (1 + np.exp(-a))
             f = (act * c) @ w[b + "ffn_down.weight"].T
             x = x + (m._rms(f, w[b + "post_ffw_norm.weight"]) if gemma else f)
         logits = m._rms(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T

@@ -1,6 +1,6 @@
 """The ring cache under each overflow policy against a float64 NumPy reference of the same
-semantics (tests/numpy_reference.py ReferenceSession), on tiny models with F32 weights
-and an f32 cache."""
+semantics (tests/numpy_reference.py ReferenceSession, with ggml's f16 GELU steps), on
+tiny models with F32 weights and an f32 cache."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ def test_policies_match_reference_over_ten_capacities(tiny_model, arch, capacity
     ref = ReferenceSession(ReferenceModel(path))
     tokens = rng.integers(0, model.hp.n_vocab, 10 * capacity)
     errs = _run(s, ref, tokens, keep, None)
-    limit = 1e-4 if arch == "llama" else 3e-3  # gemma3: ggml's f16 GELU table
+    # gemma3: ggml's GELU rounds its input to f16 (the reference does too), a step that a
+    # last-bit difference can land on either side of: ~4e-4 of the logit scale at worst
+    limit = 1e-4 if arch == "llama" else 1e-3
     assert errs.max() < limit, errs.max()
     # no growth of the error over time: the last stretch is no worse than the first
     assert errs[-capacity:].max() < 10 * max(errs[:capacity].max(), 1e-7)
@@ -65,3 +67,33 @@ def test_shift_keeps_prefix_and_drops_half(tiny_model):
     # 13 movable tokens, half (6) dropped after the kept 3: llama.cpp's n_discard default
     assert s.tokens == toks[:3] + toks[9:] + [99]
     assert sorted(int(p) for p in s.cache.pos[0] if p >= 0) == list(range(len(s.tokens)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("capacity", [16, 64, 257])
+def test_before_the_first_wrap_the_ring_equals_a_linear_cache(tiny_model, arch, capacity):
+    model = load(tiny_model(arch))
+    tokens = rng.integers(0, model.hp.n_vocab, capacity)
+    ring = model.session(n_ctx=capacity, n_batch=1, cache_type_k="f32", cache_type_v="f32", context_shift="shift")
+    linear = model.session(n_ctx=4 * capacity, n_batch=1, cache_type_k="f32", cache_type_v="f32")
+    for t in tokens:
+        ring.eval([t])
+        linear.eval([t])
+        np.testing.assert_array_equal(ring.logits, linear.logits)
+
+
+def test_reuse_after_a_wrap_recomputes_what_the_ring_lost(tiny_model):
+    # gemma3's local layers keep window (8) + n_batch slots: a prompt that shares only an
+    # old prefix with the session must not be served from slots that were overwritten
+    model = load(tiny_model("gemma3"))
+    tokens = [int(t) for t in rng.integers(0, model.hp.n_vocab, 40)]
+    s = model.session(n_ctx=64, n_batch=1)
+    s.eval(tokens)
+    assert s.cache.reusable_prefix(30) == 0 and s.cache.reusable_prefix(39) == 39
+    edited = tokens[:30] + [7, 8, 9]
+    before = s.n_evaluated
+    s.prefill(edited)
+    assert s.n_evaluated - before > len(edited) - 30  # recomputed more than the edited tail
+    fresh = model.session(n_ctx=64, n_batch=1)
+    fresh.eval(edited)
+    np.testing.assert_allclose(s.logits, fresh.logits, rtol=0, atol=1e-5 * np.abs(fresh.logits).max())

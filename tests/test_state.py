@@ -20,18 +20,19 @@ import pytest
 
 from edgekv import Llama
 from edgekv.cli import main
+from edgekv.cache import CACHE_TYPES
 from edgekv.errors import StateFileError
 from edgekv.loader import load
 from edgekv import state as state_mod
 from edgekv.state import MAGIC, load_session, model_fingerprint, save_session
 
 PROMPT = [1, 17, 42, 5, 99, 23, 8, 61, 4, 30, 12, 77, 3, 50, 19, 2, 44, 9, 71, 6]
-N_CONTINUE = 8
+N_CONTINUE = 64
 Q8_MODEL = dict(dim=128, n_heads=4, n_kv_heads=2, head_dim=32, ff=256)  # q8_0 blocks need head_dim % 32 == 0
 REPO = Path(__file__).resolve().parents[1]
 
 
-def greedy(session, n: int = N_CONTINUE) -> tuple[list[int], np.ndarray]:
+def greedy(session, n: int = 8) -> tuple[list[int], np.ndarray]:
     """n greedy tokens after the session's last logits, and the logits after each: f32[n, n_vocab]."""
     tokens, logits = [], []
     for _ in range(n):
@@ -42,12 +43,15 @@ def greedy(session, n: int = N_CONTINUE) -> tuple[list[int], np.ndarray]:
     return tokens, np.stack(logits)
 
 
-# (model kwargs, session kwargs): f16; a quantized cache; gemma3's sliding-window rings
-# wrapped by a small n_batch (the ring pointers must survive the file too)
+# (model kwargs, session kwargs): every cache type, saved after the ring has wrapped (a
+# 20-token prompt into 16 slots under the shift policy, which keeps shifting during the
+# 64 tokens generated after loading); gemma3's sliding-window rings wrapped by a small
+# n_batch (the ring pointers must survive the file too)
 CASES = {
-    "f16": (dict(), dict(n_ctx=64)),
-    "q8_0": (Q8_MODEL, dict(n_ctx=64, cache_type_k="q8_0", cache_type_v="q8_0")),
-    "gemma3-window": (dict(arch="gemma3"), dict(n_ctx=64, n_batch=4)),
+    **{f"{t}-wrapped": (Q8_MODEL, dict(n_ctx=16, cache_type_k=t, cache_type_v=t, context_shift="shift", n_keep=2))
+       for t in CACHE_TYPES},
+    "f16": (dict(), dict(n_ctx=128)),
+    "gemma3-window": (dict(arch="gemma3"), dict(n_ctx=128, n_batch=4)),
 }
 
 
@@ -59,16 +63,17 @@ def test_a_loaded_state_continues_exactly_here_and_in_a_new_process(tiny_model, 
     fp = model_fingerprint(model)
     saved = model.session(**session_kw)
     saved.eval(PROMPT)
+    at_save = list(saved.tokens)
     file = tmp_path / "state.ekvs"
     save_session(saved, fp, file)
     assert not Path(f"{file}.tmp").exists()
-    expected_tokens, expected_logits = greedy(saved)
+    expected_tokens, expected_logits = greedy(saved, N_CONTINUE)
 
     fresh = model.session(**session_kw)
     fresh.eval([2, 3])  # something to replace
     load_session(fresh, fp, file)
-    assert fresh.tokens == PROMPT
-    tokens, logits = greedy(fresh)
+    assert fresh.tokens == at_save
+    tokens, logits = greedy(fresh, N_CONTINUE)
     assert tokens == expected_tokens
     np.testing.assert_array_equal(logits, expected_logits)
 
@@ -81,6 +86,7 @@ def test_a_loaded_state_continues_exactly_here_and_in_a_new_process(tiny_model, 
         model = load(path)
         s = model.session(**kw)
         load_session(s, model_fingerprint(model), file)
+        loaded = list(s.tokens)
         tokens, logits = [], []
         for _ in range(%d):
             t = int(np.argmax(s.logits))
@@ -88,14 +94,14 @@ def test_a_loaded_state_continues_exactly_here_and_in_a_new_process(tiny_model, 
             tokens.append(t)
             logits.append(s.logits.copy())
         np.save(out, np.stack(logits))
-        print(json.dumps(dict(prompt=s.tokens[:%d], tokens=tokens)))
-    """ % (N_CONTINUE, len(PROMPT)))
+        print(json.dumps(dict(loaded=loaded, tokens=tokens)))
+    """ % N_CONTINUE)
     out = tmp_path / "logits.npy"
     done = subprocess.run([sys.executable, "-c", script, str(path), str(file), str(out), json.dumps(session_kw)],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == dict(prompt=PROMPT, tokens=expected_tokens)
+    assert result == dict(loaded=at_save, tokens=expected_tokens)
     np.testing.assert_array_equal(np.load(out, allow_pickle=False), expected_logits)
 
 
