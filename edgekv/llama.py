@@ -3,10 +3,11 @@
 What lives here: `Llama` (tokenize, eval, generate, create_completion, create_chat_completion,
 in-memory state, state files), the generation loop (prompt reuse, end-of-generation tokens,
 max_tokens) and checking llama-cpp-python's options.
-What does not: stop strings, the OpenAI-shaped response dicts and the generation statistics
-(completion.py), the forward pass, the cache and its snapshots (models/, session.py,
-cache.py), the state file format (state.py), the sampler chain (sampling.py), text <-> ids
-(tokenizer.py), chat templates (chat_format.py).
+What does not: the context's size (the n_ctx="auto" plan, the memory budget, growth, making
+the session: context_manager.py), stop strings, the OpenAI-shaped response dicts and the
+generation statistics (completion.py), the forward pass, the cache and its snapshots
+(models/, session.py, cache.py), the state file format (state.py), the sampler chain
+(sampling.py), text <-> ids (tokenizer.py), chat templates (chat_format.py).
 
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
@@ -24,39 +25,23 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .compat import SAMPLER_OPTIONS, check_compat, check_options
 from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
 from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
                          completion_chunks, completion_head, stop_list, text_completion)
+from .context import KVPlan
+from .context_manager import ContextManager
 from .errors import ContextFullError, EdgeKVError
 from .loader import load
 from .sampling import LogitsProcessor, Sampler, SamplingParams
-from .session import SessionState
+from .session import Session, SessionState
 from .state import load_session, save_session
 from .state import model_fingerprint as fingerprint_of
 
 log = logging.getLogger("edgekv")
 
 # llama-cpp-python constructor options that have no meaning for edgekv's CPU path.
-_IGNORED_OPTIONS = frozenset({
-    "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "use_mlock",
-    "kv_overrides", "n_ubatch", "n_threads_batch", "rope_scaling_type", "pooling_type", "yarn_ext_factor",
-    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "flash_attn",
-    "no_perf", "last_n_tokens_size", "numa", "embedding", "type_k", "type_v", "spm_infill",
-})
 _CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
-# llama-cpp-python generation options edgekv does not implement -> the values meaning "off"
-# (anything else raises); None: accepted and ignored, as llama.cpp itself dropped them
-# (tfs_z, penalize_nl) or they act only with an option that is off (mirostat_tau/eta).
-_OFF_VALUES: dict[str, tuple | None] = {
-    "suffix": (None,), "logprobs": (None, False), "top_logprobs": (None,), "typical_p": (1.0,),
-    "mirostat_mode": (0,), "grammar": (None,), "functions": (None,), "function_call": (None,),
-    "tools": (None,), "tool_choice": (None, "none", "auto"), "response_format": (None,),
-    "tfs_z": None, "penalize_nl": None, "mirostat_tau": None, "mirostat_eta": None,
-}
-# generate() keywords that create_completion passes through **options
-_SAMPLER_OPTIONS = frozenset({"logits_processor", "stopping_criteria", "repeat_last_n"})
-
-
 @dataclass
 class LlamaState:
     """An in-memory snapshot of a Llama's conversation (`save_state` / `load_state`)."""
@@ -83,10 +68,24 @@ class Llama:
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | str = "auto", n_batch: int = 512,
                  n_threads: int | None = None, seed: int = 0, logits_all: bool = False, verbose: bool = False,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", chat_format: str | None = None,
+                 context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
+                 layer_windows: dict[int, int] | str | None = None, mem_budget: int | str | None = None,
                  **options: Any):
-        """Load `model_path` (a GGUF path or a catalog name). n_ctx: tokens the context holds;
-        "auto", 0 or None mean the model's trained context capped at 4096."""
-        _check_options(options)
+        """Load `model_path` (a GGUF path or a catalog name).
+
+        n_ctx: tokens the context holds. "auto" (also None): planned from the input of the
+        first call (prompt + max_tokens, rounded up to 256) and grown geometrically (at least
+        doubled, the conversation copied once) when a later call needs more, up to a cap:
+        the trained context and the memory budget. 0: the model's trained context (as
+        llama-cpp-python). Any other int is fixed. The overflow policy applies only at the
+        cap (auto) or at n_ctx (an int).
+        context_shift: what a full context does: "none" (ContextFullError), "shift"
+        (llama.cpp's context shift: keep n_keep tokens, drop n_discard (default half) of the
+        others) or "stream" (StreamingLLM: n_keep (default 4) sinks + a sliding window).
+        layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
+        mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
+        minus the weights (context.default_mem_budget)."""
+        check_options(options)
         if verbose:
             _log_to_stderr()
         if n_threads is not None:
@@ -97,13 +96,30 @@ class Llama:
         self._seed = seed
         self._model = load(model_path)
         self.tokenizer_ = self._model.tokenizer
-        self._session = self._model.session(_plan_n_ctx(n_ctx), n_batch, cache_type_k, cache_type_v)
+        self._ctx = ContextManager(self._model, n_ctx, n_batch, mem_budget, cache_type_k=cache_type_k,
+                                   cache_type_v=cache_type_v, context_shift=context_shift, n_keep=n_keep,
+                                   n_discard=n_discard, layer_windows=layer_windows)
         self._scores = np.empty((0, self._session.n_vocab), np.float32)  # grows when logits_all
         self.chat_formatter = self._make_chat_formatter(chat_format)
         self.metadata = {k: str(v) for k, v in self._model.gguf.metadata.items()
                          if not isinstance(v, (list, tuple, np.ndarray))}
         self.last_stats = GenerationStats()
         self._fingerprint: str | None = None
+
+    # -- the context plan --------------------------------------------------------------------
+
+    @property
+    def _session(self) -> Session:  # the current Session; ContextManager replaces it when the context grows
+        return self._ctx.session
+
+    @property
+    def kv_plan(self) -> KVPlan:
+        """The current context plan (edgekv.context.KVPlan)."""
+        return self._ctx.plan
+
+    def plan_line(self) -> str:
+        """The current context plan in one line: n_ctx and why, K/V bytes per token, KV bytes."""
+        return self._ctx.plan_line()
 
     def _make_chat_formatter(self, name: str | None) -> ChatFormatter:
         if name is None:
@@ -176,6 +192,7 @@ class Llama:
     def eval(self, tokens: Sequence[int]) -> None:
         """Append `tokens` to the conversation and run them through the model."""
         tokens = list(tokens)
+        self._ctx.ensure(self.n_tokens + len(tokens))
         if not self.logits_all:
             self._session.eval(tokens)
             return
@@ -195,6 +212,7 @@ class Llama:
 
     def _prefill(self, tokens: list[int]) -> None:
         """Hold exactly `tokens`, reusing the longest prefix already evaluated."""
+        self._ctx.ensure(len(tokens))
         if not self.logits_all:
             self._session.prefill(tokens)
             return
@@ -210,8 +228,9 @@ class Llama:
 
     def load_state(self, state: LlamaState) -> None:
         """Return to a snapshot taken with save_state on a Llama with the same model and n_ctx
-        (EdgeKVError otherwise, and the conversation stays as it was)."""
-        self._session.restore(state.session)
+        (EdgeKVError otherwise, and the conversation stays as it was). With n_ctx="auto" the
+        context takes the snapshot's size when it differs (within the cap)."""
+        self._ctx.restore(state.session)
         if state.scores is not None and self.logits_all:
             self._store_scores(0, state.scores)
 
@@ -251,7 +270,7 @@ class Llama:
         like any id). reset=True reuses the common prefix with the conversation; reset=False
         appends. A list sent into the generator is evaluated after the yielded token.
         seed None: the Llama's seed, so equal calls give equal tokens."""
-        _check_compat("generate", compat)
+        check_compat("generate", compat)
         params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -276,8 +295,15 @@ class Llama:
                 sampling: dict[str, Any]) -> Pieces:
         """(text, None) pieces of the completion, then ("...", finish_reason) once."""
         tokens = self._fit_prompt(prompt)
-        room = self.n_ctx() - len(tokens)
-        limit = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        until_full = max_tokens is None or max_tokens <= 0
+        self._ctx.ensure(len(tokens), 0 if until_full else max_tokens)
+        room = self._ctx.cap - len(tokens)
+        if until_full:
+            limit = room
+        elif self._session.context_shift != "none":  # the overflow policy makes room
+            limit = max_tokens
+        else:
+            limit = min(max_tokens, room)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
         text = StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
@@ -316,10 +342,11 @@ class Llama:
     def _fit_prompt(self, prompt: list[int]) -> list[int]:
         if not prompt:
             raise EdgeKVError("the prompt is empty (and the model adds no BOS token)")
-        if len(prompt) > self.n_ctx():
-            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx()}; "
+        cap = self._ctx.cap
+        if len(prompt) > cap:
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds at most {cap}; "
                                    f"use a larger n_ctx (-c) or a shorter prompt",
-                                   n_tokens=len(prompt), n_ctx=self.n_ctx())
+                                   n_tokens=len(prompt), n_ctx=cap)
         return prompt
 
     # -- OpenAI-shaped responses -------------------------------------------------------------
@@ -334,8 +361,8 @@ class Llama:
         is full. Returns a `text_completion` dict, or an iterator of chunks when stream.
         options: logits_processor, stopping_criteria, repeat_last_n, and llama-cpp-python's
         options that edgekv accepts only when off (suffix, logprobs, grammar, mirostat_mode, ...)."""
-        passed = {k: options.pop(k) for k in _SAMPLER_OPTIONS if k in options}
-        _check_compat("create_completion", options)
+        passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
+        check_compat("create_completion", options)
         ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt, special=True)
         self._fit_prompt(ids)
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -360,8 +387,8 @@ class Llama:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Returns a `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (tools, response_format, ... only when off)."""
-        passed = {k: options.pop(k) for k in _SAMPLER_OPTIONS if k in options}
-        _check_compat("create_chat_completion", options)
+        passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
+        check_compat("create_chat_completion", options)
         formatter = self.chat_formatter
         ids = self._fit_prompt(formatter.encode(messages, add_generation_prompt=True))
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -375,34 +402,6 @@ class Llama:
             return chat_chunks(head, pieces)
         text, finish = collect(pieces)
         return chat_completion(head, text, finish, self.last_stats)
-
-
-def _check_compat(where: str, options: dict[str, Any]) -> None:
-    """llama-cpp-python options: unknown names are a TypeError, known ones set to a value
-    edgekv cannot honour an EdgeKVError; ignored ones pass."""
-    for name, value in options.items():
-        if name not in _OFF_VALUES:
-            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
-        allowed = _OFF_VALUES[name]
-        if allowed is not None and not any(value is a or value == a for a in allowed):
-            raise EdgeKVError(f"{name}={value!r} is not supported by edgekv yet")
-
-
-def _check_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - _IGNORED_OPTIONS)
-    if unknown:
-        raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
-    if options:
-        log.info("ignoring llama-cpp-python options that do not apply here: %s", ", ".join(sorted(options)))
-
-
-def _plan_n_ctx(n_ctx: int | str | None) -> int | None:
-    """None (the loader's default: trained context, capped at 4096) for "auto"/0/None."""
-    if n_ctx in ("auto", 0, None):
-        return None
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
-        raise EdgeKVError(f"n_ctx must be a positive integer or 'auto', got {n_ctx!r}")
-    return int(n_ctx)
 
 
 def _set_threads(n_threads: int) -> None:

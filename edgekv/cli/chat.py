@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..errors import ContextFullError
-from .common import add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
+from .common import add_kv_options, add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
 
 if TYPE_CHECKING:
     from ..llama import Llama
@@ -27,6 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                        description="Chat with a model. Reads one message per line from stdin "
                                    "(/reset forgets the conversation, /exit or end of input quits).")
     add_model_options(p, model_required=False)
+    add_kv_options(p, shift_default="shift")
     p.add_argument("-sys", "--system-prompt", default=None, help="system message that opens the conversation")
     add_sampling_options(p)
     p.set_defaults(handler=run)
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..catalog import default_model_name
 
     llm = make_llama(args, model=args.model or default_model_name())
+    print(f"context: {llm.plan_line()}", file=sys.stderr, flush=True)
     interactive = sys.stdin.isatty()
     start = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     messages = list(start)

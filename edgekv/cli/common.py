@@ -20,6 +20,38 @@ def ctx_size(text: str) -> int | str:
     return text if text == "auto" else _positive_int(text, "a positive integer or 'auto'")
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def layer_window_spec(text: str) -> str:
+    """--layer-window: checked for syntax here (exit 2); layer numbers once the model is known."""
+    from ..context import parse_layer_windows
+    from ..errors import EdgeKVError
+
+    try:
+        parse_layer_windows(text)
+    except EdgeKVError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def mem_size(text: str) -> int:
+    from ..context import parse_size
+    from ..errors import EdgeKVError
+
+    try:
+        return parse_size(text)
+    except EdgeKVError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_int(text: str) -> int:
     return _positive_int(text, "a positive integer")
 
@@ -50,6 +82,28 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True, c
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
 
 
+CONTEXT_SHIFTS = ("none", "shift", "stream")
+
+
+def add_kv_options(p: argparse.ArgumentParser, shift_default: str | None = "none", budget: bool = True) -> None:
+    """--context-shift, --keep (when shift_default is not None), --layer-window, --mem-budget."""
+    if shift_default is not None:
+        why = {"shift": "; chat shifts by default, as llama-cli in interactive mode",
+               "none": "; run stops at a full context by default"}.get(shift_default, "")
+        p.add_argument("--context-shift", choices=CONTEXT_SHIFTS, default=shift_default, metavar="POLICY",
+                       help="what a full context does: none (stop with a context-full error), shift (llama.cpp: "
+                            "keep --keep tokens, drop half of the others), stream (StreamingLLM: --keep sinks "
+                            f"(default 4) + a sliding window) (default: {shift_default}{why})")
+        p.add_argument("--keep", type=non_negative_int, default=0, metavar="N",
+                       help="tokens at the start a context shift keeps (default: 0)")
+    p.add_argument("--layer-window", metavar="SPEC", type=layer_window_spec, default=None,
+                   help="layers that keep only a window of tokens, e.g. 0-9:512,12:256 (default: none)")
+    if budget:
+        p.add_argument("--mem-budget", metavar="SIZE", type=mem_size, default=None,
+                       help="memory the KV cache may take with -c auto, e.g. 512M, 2G "
+                            "(default: half the available memory minus the weights)")
+
+
 def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1) -> None:
     """-n, --temp, --top-k, --top-p, --min-p, penalties, --seed (llama.cpp's defaults)."""
     p.add_argument("-n", "--n-predict", type=int, default=n_predict_default,
@@ -72,7 +126,9 @@ def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
 
     return Llama(model or args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                  seed=args.seed if hasattr(args, "seed") else 0, cache_type_k=args.cache_type_k,
-                 cache_type_v=args.cache_type_v)
+                 cache_type_v=args.cache_type_v, context_shift=getattr(args, "context_shift", "none"),
+                 n_keep=getattr(args, "keep", 0), layer_windows=getattr(args, "layer_window", None),
+                 mem_budget=getattr(args, "mem_budget", None))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:

@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import EdgeKVError
-from .common import add_model_options
+from ..context import parse_layer_windows
+from .common import add_kv_options, add_model_options
 
 LOGIT_ROWS = 128
 
@@ -45,6 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                        description="Perplexity over a text file with llama.cpp's llama-perplexity method.")
     p.add_argument("-f", "--file", required=True, help="text file to score")
     add_model_options(p, ctx_default=512, ctx_auto=False)
+    add_kv_options(p, shift_default=None, budget=False)  # chunks never overflow; --layer-window only
     p.add_argument("--chunks", type=int, default=-1, help="score at most this many chunks (default: all)")
     p.set_defaults(handler=run)
 
@@ -128,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = tok.encode(text, add_bos=None, special=False)
     n_ctx = args.ctx_size
     n_chunks = count_chunks(len(tokens), n_ctx, args.chunks)
-    session = model.session(n_ctx, args.batch_size, args.cache_type_k, args.cache_type_v)
+    windows = parse_layer_windows(args.layer_window, model.hp.n_layers) if args.layer_window else None
+    session = model.session(n_ctx, args.batch_size, args.cache_type_k, args.cache_type_v, layer_windows=windows)
     print(f"perplexity: {len(tokens)} tokens, {n_chunks} chunks of n_ctx={n_ctx}, "
           f"n_batch={session.n_batch}, {n_ctx - 1 - n_ctx // 2} "
           f"tokens scored per chunk", file=sys.stderr, flush=True)

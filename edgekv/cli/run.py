@@ -12,7 +12,7 @@ import re
 import sys
 
 from ..errors import EdgeKVError, StateFileError
-from .common import add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
+from .common import add_kv_options, add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
 
 # llama.cpp's string_process_escapes: \n \r \t \' \" \\ and \xNN
 _ESCAPE = re.compile(rb"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)
@@ -26,6 +26,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     source.add_argument("-p", "--prompt", help="the prompt text")
     source.add_argument("-f", "--file", help="read the prompt from this file")
     add_model_options(p)
+    add_kv_options(p, shift_default="none")
     add_sampling_options(p)
     p.add_argument("-e", "--escape", action=argparse.BooleanOptionalAction, default=True,
                    help="process escapes (\\n, \\t, \\xNN, ...) in the prompt (default: on, as in llama.cpp)")
