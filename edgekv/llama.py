@@ -343,10 +343,11 @@ class Llama:
         if not prompt:
             raise EdgeKVError("the prompt is empty (and the model adds no BOS token)")
         cap = self._ctx.cap
-        if len(prompt) > cap:
+        if len(prompt) > cap and self._session.context_shift == "none":
             raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds at most {cap}; "
                                    f"use a larger n_ctx (-c) or a shorter prompt",
                                    n_tokens=len(prompt), n_ctx=cap)
+        # under shift/stream the session drops the oldest middle tokens while it prefills
         return prompt
 
     # -- OpenAI-shaped responses -------------------------------------------------------------

@@ -72,8 +72,8 @@ class Session:
         if n_keep < 0 or n_discard < 0 or n_keep >= n_ctx:
             raise EdgeKVError(f"n_keep={n_keep}, n_discard={n_discard}: need 0 <= n_keep < n_ctx={n_ctx}, n_discard >= 0")
         self.model = model
-        self.n_batch = min(n_batch, n_ctx)
         self.context_shift, self.n_keep, self.n_discard = context_shift, n_keep, n_discard
+        self.n_batch = min(n_batch, n_ctx - self._kept())  # a chunk must fit beside the kept tokens
         windows = [hp.window if local else 0 for local in hp.local_layers]
         for layer, w in (layer_windows or {}).items():
             if not 0 <= layer < hp.n_layers or w < 1:

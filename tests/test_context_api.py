@@ -183,3 +183,14 @@ def test_kv_values_the_model_refuses_exit_1(capsys, paths):
     assert rc == 1 and len(lines) == 1 and lines[0].startswith("edgekv: error: ") and "layer 7" in lines[0], err
     rc, _, err = cli(capsys, "run", "-m", paths["llama"], "-p", "hi", "--mem-budget", "1K")
     assert rc == 1 and "memory budget" in err, err
+
+
+def test_a_prompt_longer_than_the_context_is_shifted_through_under_shift(tiny_model):
+    llm = Llama(str(tiny_model("llama")), n_ctx=64, context_shift="shift", n_keep=4, seed=0)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 200, 150)]
+    out = llm.create_completion(prompt, max_tokens=8, temperature=0.0)
+    assert out["usage"]["prompt_tokens"] == 150 and out["usage"]["completion_tokens"] == 8
+    assert llm.n_tokens <= 64 and llm.input_ids[:4].tolist() == prompt[:4]
+    strict = Llama(str(tiny_model("llama")), n_ctx=64, seed=0)
+    with pytest.raises(ContextFullError):
+        strict.create_completion(prompt, max_tokens=8)
