@@ -69,7 +69,8 @@ def rotate(x: np.ndarray, h: np.ndarray | None) -> None:
         x[...] = (x.reshape(-1, n) @ h).reshape(x.shape)
 
 
-def _cache_type(option: str, name: str, head_dim: int):
+def cache_type_for(option: str, name: str, head_dim: int):
+    """The cache type `name` for rows of head_dim values, or EdgeKVError saying why not."""
     try:
         t = kv_cache_type(name)
     except EdgeKVError as exc:
@@ -96,8 +97,8 @@ class KVCache:
                  n_batch: int = 512, n_keep: int = 0):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
-        self.kind_k = _cache_type("cache_type_k", type_k, head_dim_k)
-        self.kind_v = _cache_type("cache_type_v", type_v, head_dim_v)
+        self.kind_k = cache_type_for("cache_type_k", type_k, head_dim_k)
+        self.kind_v = cache_type_for("cache_type_v", type_v, head_dim_v)
         self.capacity = capacity
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v

@@ -30,8 +30,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .cache import cache_type_for
 from .errors import EdgeKVError, UnsupportedModelError
-from .quants import KV_CACHE_TYPES, kv_cache_type
+from .quants import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
 
@@ -112,18 +113,6 @@ class KVPlan:
         return out
 
 
-def _cache_kind(option: str, name: str, head_dim: int):
-    try:
-        kind = kv_cache_type(name)
-    except EdgeKVError as exc:
-        raise EdgeKVError(f"{option}={name!r}: {exc}") from None
-    block = kind.quant.block_size
-    if head_dim % block:
-        raise EdgeKVError(f"{option}={name!r} stores blocks of {block} values, but this model's head size is "
-                          f"{head_dim}, not a multiple of {block}; choose f16, bf16 or f32 for {option}")
-    return kind
-
-
 def _layer_limits(hp, layer_windows: dict[int, int] | None,
                   n_batch: int) -> tuple[list[float], list[str], list[int]]:
     """Per layer: the most slots it can ever need (inf for global layers), its kind and window."""
@@ -164,8 +153,8 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     """
     if n_batch < 1:
         raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
-    kind_k = _cache_kind("cache_type_k", cache_type_k, hp.head_dim)
-    kind_v = _cache_kind("cache_type_v", cache_type_v, hp.head_dim_v)
+    kind_k = cache_type_for("cache_type_k", cache_type_k, hp.head_dim)
+    kind_v = cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
     row_k, row_v = hp.n_kv_heads * kind_k.row_nbytes(hp.head_dim), hp.n_kv_heads * kind_v.row_nbytes(hp.head_dim_v)
     limits, kinds, windows = _layer_limits(hp, layer_windows, n_batch)
     row = row_k + row_v

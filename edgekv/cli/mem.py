@@ -13,7 +13,7 @@ from .. import context
 from ..catalog import resolve_model
 from ..errors import EdgeKVError
 from ..gguf import GGUFFile
-from .common import ctx_size, positive_int
+from .common import ctx_size, non_negative_int, positive_int
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-m", "--model", required=True, help="GGUF file or catalog name (see `edgekv list`)")
     p.add_argument("-c", "--ctx-size", type=ctx_size, default="auto",
                    help="context size in tokens, or 'auto' (from -p and -n; default: auto)")
-    p.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512,
+    p.add_argument("-p", "--n-prompt", type=non_negative_int, default=512,
                    help="prompt tokens the 'auto' context must hold (default: 512)")
     p.add_argument("-n", "--n-predict", type=int, default=128,
                    help="tokens to generate, -1 = until the context is full (default: 128)")
@@ -36,16 +36,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="memory for the KV cache, e.g. 512M or 2G (default: half the available memory minus "
                         "the weights)")
     p.set_defaults(handler=mem)
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
 
 
 def mem(args: argparse.Namespace) -> int:
