@@ -146,14 +146,17 @@ class KVCache:
             )
         positions = np.arange(self.n_tokens, self.n_tokens + n, dtype=np.int32)
         res = Reservation(positions, [], self.cur.copy())
+        full_slots = None  # every full layer is reserved and discarded alike: one search serves all
         for layer, pos in enumerate(self.pos):
-            if self.ring(layer):
+            if not self.ring(layer):
+                if full_slots is None:
+                    full_slots = np.flatnonzero(pos < 0)[:n]
+                slots = full_slots
+            else:
                 order = (self.cur[layer] + np.arange(self.caps[layer])) % self.caps[layer]
                 pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
                 slots = order[~pinned][:n]
                 self.cur[layer] = (slots[-1] + 1) % self.caps[layer]
-            else:
-                slots = np.flatnonzero(pos < 0)[:n]
             pos[slots] = positions
             self.used[layer] = max(self.used[layer], int(slots.max()) + 1)
             res.slots.append(slots)
