@@ -211,6 +211,17 @@ def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarr
     rotate(out, cache.rot_v)
 
 
+class Decoder:
+    """What every architecture's model class shares beyond its forward pass: `hp`,
+    `freq_factors` (RoPE's per-dimension factors) and re-rotating cached keys."""
+
+    hp: HParams
+    freq_factors: np.ndarray
+
+    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
+        shift_keys(self.hp, self.freq_factors, layer, k, delta)
+
+
 def shift_keys(hp: HParams, freq_factors: np.ndarray, layer: int, k: np.ndarray, delta: int) -> None:
     """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
     delta (a RoPE rotation composes additively in the position), with the layer's base."""

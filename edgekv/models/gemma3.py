@@ -14,7 +14,7 @@ import numpy as np
 from ..gguf import GGUFFile
 from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
-from .base import (HParams, shift_keys, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
                    read_common_hparams, read_float, read_int)
 
 ARCH = "gemma3"
@@ -38,7 +38,7 @@ def read_hparams(g: GGUFFile) -> HParams:
     )
 
 
-class Gemma3Model:
+class Gemma3Model(Decoder):
     arch = ARCH
 
     def __init__(self, g: GGUFFile):
@@ -49,9 +49,6 @@ class Gemma3Model:
                  "post_attention_norm": hp.dim, "post_ffw_norm": hp.dim}
         self.layers = [load_layer(w, hp, i, extra) for i in range(hp.n_layers)]
         self.freq_factors = np.ones(hp.rope_dims // 2, np.float32)
-
-    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
-        shift_keys(self.hp, self.freq_factors, layer, k, delta)
 
     def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         """Run a chunk of tokens through the model in the cache slots `res` reserved; write

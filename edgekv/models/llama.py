@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.ops import ROPE_NORM, add_inplace, rms_norm, rope_apply, silu_mul
-from .base import (HParams, shift_keys, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
+from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
                    read_common_hparams, read_float)
 
 ARCH = "llama"
@@ -29,7 +29,7 @@ def read_hparams(g: GGUFFile) -> HParams:
                    rope_freq_scale=1.0 / factor if factor else 1.0)
 
 
-class LlamaModel:
+class LlamaModel(Decoder):
     arch = ARCH
 
     def __init__(self, g: GGUFFile):
@@ -39,9 +39,6 @@ class LlamaModel:
         self.layers = [load_layer(w, hp, i, {}) for i in range(hp.n_layers)]
         half = hp.rope_dims // 2
         self.freq_factors = w.vector("rope_freqs.weight", half) if w.has("rope_freqs.weight") else np.ones(half, np.float32)
-
-    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
-        shift_keys(self.hp, self.freq_factors, layer, k, delta)
 
     def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         """Run a chunk of tokens through the model in the cache slots `res` reserved; write
