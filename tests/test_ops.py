@@ -111,8 +111,8 @@ def test_attention_gqa_masks_and_scattered_slots(kernel, window):
     ku, vu = k.view(np.uint16), v.view(np.uint16)
     if kernel == "numba":
         scores = np.zeros((3 * heads, cap), np.float32)
-        pv = np.zeros((max_threads(), 4, 16, hd), np.float32)
-        attention_f16(q.copy(), q_pos, ku, vu, slot_pos, cap, window, np.float32(0.25), F16_TO_F32, scores, pv, out)
+        pv = np.zeros((max_threads(), 4, 16, max(hd, 64)), np.float32)
+        attention_f16(q.copy(), q_pos, ku, vu, slot_pos, cap, window, np.float32(0.25), scores, pv, out)
     else:
         attention_chunk_blas(q, q_pos, k.astype(np.float32), v.astype(np.float32), slot_pos, cap, window, 0.25, out, True)
     ref = reference_attention(q, q_pos, k.astype(np.float32), v.astype(np.float32), slot_pos, window, 0.25)

@@ -20,7 +20,8 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
-from .fp16 import round_f16
+from .fp16 import f16_to_f32, round_f16
+from .intrinsics import fma
 from .ggml_math import v_expf
 
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -59,19 +60,14 @@ def visible(p, qp, window):
 
 
 @nb.njit(**EXACT_FLAGS)
-def _fma(a, b, c):
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
-
-
-@nb.njit(**EXACT_FLAGS)
 def _reduce16(v):
-    # _mm512_reduce_add_ps: lanes i + i+8, then i + i+4, then (0+2) + (1+3)
-    a = np.empty(8, np.float32)
-    for i in range(8):
-        a[i] = v[i + 8] + v[i]
-    for i in range(4):
-        a[i] = a[i + 4] + a[i]
-    return np.float32(np.float32(a[0] + a[2]) + np.float32(a[1] + a[3]))
+    # _mm512_reduce_add_ps of v[0:16]: lanes i + i+8, then i + i+4, then (0+2) + (1+3)
+    a0, a1 = np.float32(v[8] + v[0]), np.float32(v[9] + v[1])
+    a2, a3 = np.float32(v[10] + v[2]), np.float32(v[11] + v[3])
+    a4, a5 = np.float32(v[12] + v[4]), np.float32(v[13] + v[5])
+    a6, a7 = np.float32(v[14] + v[6]), np.float32(v[15] + v[7])
+    a0, a1, a2, a3 = np.float32(a4 + a0), np.float32(a5 + a1), np.float32(a6 + a2), np.float32(a7 + a3)
+    return np.float32(np.float32(a0 + a2) + np.float32(a1 + a3))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -79,9 +75,9 @@ def _fold_lanes(lanes):
     # GGML_F32x16_REDUCE of 4 accumulators lanes[4, 16, m] -> lanes[0, :, m] summed over
     # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16
     for l in range(16):
+        r0, r1, r2, r3 = lanes[0, l], lanes[1, l], lanes[2, l], lanes[3, l]
         for e in range(lanes.shape[2]):
-            lanes[0, l, e] = np.float32(np.float32(lanes[0, l, e] + lanes[2, l, e])
-                                        + np.float32(lanes[1, l, e] + lanes[3, l, e]))
+            r0[e] = np.float32(np.float32(r0[e] + r2[e]) + np.float32(r1[e] + r3[e]))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -93,22 +89,31 @@ def _register(i, one_register):
 
 
 @nb.njit(**EXACT_FLAGS)
-def dot_f16(q, k_row, lut, lanes, one_register):
-    # element i is FMA-accumulated in lane i % 16 of register _register(i), then the
-    # registers are folded and the lanes reduced; q: f32[hd] (f16 values), k_row: u16[hd]
-    lanes[:] = 0.0
-    for i in range(q.shape[0]):
-        j, l = _register(i, one_register), i % 16
-        lanes[j, l, 0] = _fma(q[i], lut[k_row[i]], lanes[j, l, 0])
-    _fold_lanes(lanes)
-    return _reduce16(lanes[0, :, 0])
+def dot_f16(q, k_row, acc, one_register):
+    # element i is FMA-accumulated in lane i % 16 of register _register(i) (acc: f32[64],
+    # register j = acc[16j:16j+16]), then the registers are folded as (0+2) + (1+3) and
+    # the lanes reduced; q: f32[hd] (f16 values), k_row: u16[hd]. Whole runs of 64 (16)
+    # elements go through a contiguous loop, which LLVM vectorizes.
+    acc[:] = 0.0
+    hd = q.shape[0]
+    step = 16 if one_register else 64
+    full = hd - hd % step
+    for c in range(0, full, step):
+        for i in range(step):
+            acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
+    for i in range(full, hd):
+        j = 16 * _register(i, one_register) + i % 16
+        acc[j] = fma(q[i], f16_to_f32(k_row[i]), acc[j])
+    for l in range(16):
+        acc[l] = np.float32(np.float32(acc[l] + acc[32 + l]) + np.float32(acc[16 + l] + acc[48 + l]))
+    return _reduce16(acc)
 
 
 @nb.njit(**PARALLEL_FLAGS)
-def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, lut, scores, pv, out):
+def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, pv, out):
     # q: f32[n, n_heads, hd_k] (rounded to f16 in place); q_pos: i32[n]
     # k_cache: u16[n_kv, cap, hd_k]; v_cache: u16[n_kv, cap, hd_v]; slot_pos: i32[cap] (-1 = empty)
-    # scores: f32[>= n * n_heads, >= n_slots]; pv: f32[threads, 4, 16, hd_v] scratch
+    # scores: f32[>= n * n_heads, >= n_slots]; pv: f32[threads, 4, 16, >= max(hd_v, 64)] scratch
     # out: f32[n, n_heads, hd_v]. Slot s is visible to query t if 0 <= pos <= q_pos[t]
     # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc):
     # slot s of the weighted sum of V goes to lane s % 16 of register _register(s).
@@ -120,6 +125,7 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
         t, h = job // n_heads, job % n_heads
         kvh, qp = h // group, q_pos[t]
         lanes = pv[nb.get_thread_id()]
+        dot_acc = lanes[0, 0, 0:64]  # free until the V sum starts
         for i in range(hd_k):
             q[t, h, i] = round_f16(q[t, h, i])
         row = scores[job]
@@ -128,7 +134,7 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
             if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
                 continue
-            row[s] = dot_f16(q[t, h], k_cache[kvh, s], lut, lanes, one_register) * scale
+            row[s] = dot_f16(q[t, h], k_cache[kvh, s], dot_acc, one_register) * scale
             m = max(m, row[s])
         denom = softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
@@ -137,8 +143,9 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
             if row[s] != 0.0:
                 w = round_f16(row[s] * inv)
                 j, l = _register(s, one_register), s % 16
+                acc, v_row = lanes[j, l], v_cache[kvh, s]
                 for e in range(hd_v):
-                    lanes[j, l, e] = _fma(w, lut[v_cache[kvh, s, e]], lanes[j, l, e])
+                    acc[e] = fma(w, f16_to_f32(v_row[e]), acc[e])
         _fold_lanes(lanes)
         for e in range(hd_v):
             out[t, h, e] = _reduce16(lanes[0, :, e])

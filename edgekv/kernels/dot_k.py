@@ -26,8 +26,9 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS
-from .dot_q import fma, lanes_fma, lanes_hsum
+from .dot_q import bit16, lanes_fma, lanes_hsum, nib
 from .fp16 import f16_to_f32
+from .intrinsics import fma
 
 F32 = np.float32
 I32 = np.int32
@@ -41,38 +42,43 @@ ORDER_TILED = 2  # a batch of 8 or more tokens: the tiled K-quant matmul (Q6_K, 
 @nb.njit(**JIT_FLAGS)
 def k4_chunk_sums(qs, qh, g, b, c, xq, lo, hi):
     # 64 values of chunk c (sub-blocks 2c, 2c+1) of a Q4_K/Q5_K super-block:
-    # lo[r] = sum_l code(low nibble of qs[g,b,32c+l,r]) * xq[b,64c+l], hi[r] likewise for +32.
-    # qh has 0 bytes for Q4_K; for Q5_K bit 2c / 2c+1 of qh[g,b,l,r] is the fifth bit.
-    # Values go in pairs (l, l+1): LLVM maps a*x + b*y to 16-bit multiply-adds.
+    # lo[r] = sum_l code(low nibble of byte 32c+l of row r) * xq[b,64c+l], hi[r] likewise
+    # with the high nibbles and xq[b,64c+32+l]. Byte 32c+l is byte l%4 of word 8c+l//4.
+    # qh has 0 words for Q4_K; for Q5_K bit 2c / 2c+1 of qh byte l is the
+    # fifth bit, and qh byte l sits in word l//4 beside the qs byte it belongs to.
     R = qs.shape[3]
-    m0, m1 = I32(1 << (2 * c)), I32(2 << (2 * c))
     has_qh = qh.shape[2] > 0
     lo[:] = 0
     hi[:] = 0
-    for l in range(0, 32, 2):
-        xa, xb = I32(xq[b, 64 * c + l]), I32(xq[b, 64 * c + l + 1])
-        ya, yb = I32(xq[b, 64 * c + 32 + l]), I32(xq[b, 64 * c + 33 + l])
-        qa, qb = qs[g, b, 32 * c + l], qs[g, b, 32 * c + l + 1]
+    for u in range(8):
+        o = 64 * c + 4 * u
+        xa0, xa1, xa2, xa3 = I32(xq[b, o]), I32(xq[b, o + 1]), I32(xq[b, o + 2]), I32(xq[b, o + 3])
+        ya0, ya1, ya2, ya3 = I32(xq[b, o + 32]), I32(xq[b, o + 33]), I32(xq[b, o + 34]), I32(xq[b, o + 35])
+        words = qs[g, b, 8 * c + u]
         if has_qh:
-            ha, hb = qh[g, b, l], qh[g, b, l + 1]
+            bits = qh[g, b, u]
             for r in range(R):
-                va, vb, ea, eb = I32(qa[r]), I32(qb[r]), I32(ha[r]), I32(hb[r])
-                la = (va & 15) | (16 if (ea & m0) != 0 else 0)
-                lb = (vb & 15) | (16 if (eb & m0) != 0 else 0)
-                ua = (va >> 4) | (16 if (ea & m1) != 0 else 0)
-                ub = (vb >> 4) | (16 if (eb & m1) != 0 else 0)
-                lo[r] = I32(lo[r] + I32(la * xa) + I32(lb * xb))
-                hi[r] = I32(hi[r] + I32(ua * ya) + I32(ub * yb))
+                v, e = I32(words[r]), I32(bits[r])
+                lo[r] = I32(lo[r] + I32((nib(v, 0) | bit16(e, 2 * c)) * xa0)
+                            + I32((nib(v, 8) | bit16(e, 8 + 2 * c)) * xa1)
+                            + I32((nib(v, 16) | bit16(e, 16 + 2 * c)) * xa2)
+                            + I32((nib(v, 24) | bit16(e, 24 + 2 * c)) * xa3))
+                hi[r] = I32(hi[r] + I32((nib(v, 4) | bit16(e, 2 * c + 1)) * ya0)
+                            + I32((nib(v, 12) | bit16(e, 9 + 2 * c)) * ya1)
+                            + I32((nib(v, 20) | bit16(e, 17 + 2 * c)) * ya2)
+                            + I32((nib(v, 28) | bit16(e, 25 + 2 * c)) * ya3))
         else:
             for r in range(R):
-                va, vb = I32(qa[r]), I32(qb[r])
-                lo[r] = I32(lo[r] + I32((va & 15) * xa) + I32((vb & 15) * xb))
-                hi[r] = I32(hi[r] + I32((va >> 4) * ya) + I32((vb >> 4) * yb))
+                v = I32(words[r])
+                lo[r] = I32(lo[r] + I32(nib(v, 0) * xa0) + I32(nib(v, 8) * xa1)
+                            + I32(nib(v, 16) * xa2) + I32(nib(v, 24) * xa3))
+                hi[r] = I32(hi[r] + I32(nib(v, 4) * ya0) + I32(nib(v, 12) * ya1)
+                            + I32(nib(v, 20) * ya2) + I32(nib(v, 28) * ya3))
 
 
 @nb.njit(**JIT_FLAGS)
 def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
-    # qs: u8[G, NSB, 128, R]; qh: u8[G, NSB, 32 or 0, R] (Q5_K / Q4_K);
+    # qs: u32[G, NSB, 32, R]; qh: u32[G, NSB, 8 or 0, R] (Q5_K / Q4_K);
     # sc: u8[G, NSB, 16, R] (8 scales, 8 mins); d: u16[G, NSB, 2, R] (d, dmin)
     # xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]; acc: f32[R]; isum: i32[>=4, R]
     n_sb, R = qs.shape[1], qs.shape[3]
@@ -108,11 +114,11 @@ def k4_accumulate(d, g, b, dx, tot, mins, acc):
 
 
 @nb.njit(**JIT_FLAGS)
-def code6(low4, high2):
-    # Q6_K code from its low nibble and (the low 2 bits of) high2. Every step is cast
-    # back to int32: Numba widens integer arithmetic to 64 bits, and only explicit
-    # narrowing lets LLVM vectorize the callers' lane loops in 32-bit lanes.
-    return I32(I32(low4) | I32(I32(I32(high2) & 3) << 4))
+def q6(low_word, high_word, lo_shift, hi_shift):
+    # a Q6_K code: 4 bits of low_word at lo_shift, 2 bits of high_word at hi_shift. Every
+    # step is cast back to int32: Numba widens integer arithmetic to 64 bits, and only
+    # explicit narrowing lets LLVM vectorize the callers' lane loops in 32-bit lanes.
+    return I32(I32(I32(low_word >> lo_shift) & 15) | I32(I32(I32(high_word >> hi_shift) & 3) << 4))
 
 
 @nb.njit(**JIT_FLAGS)
@@ -120,30 +126,34 @@ def q6_quarter_sums(qs, qh, g, b, h, half, xq, s):
     # the four 16-value sub-blocks 8h + 2k + half (k = 0..3) of a Q6_K super-block, which
     # share their ql/qh bytes, summed in runs of 4 values: s[4k + jj, r] = sum over
     # l in 16 half + 4jj .. +3 of code_k(l, r) * xq[b, 128h + 32k + l] (raw codes 0..63).
-    # Values go in pairs (l, l+1): LLVM maps a*x + b*y to 16-bit multiply-adds.
+    # A run's four values sit in one word each of ql (quarters 0/2: low/high nibbles of
+    # bytes 64h + l; quarters 1/3: of bytes 64h + 32 + l) and qh (bytes 32h + l, 2 bits
+    # per quarter).
     R = qs.shape[3]
-    s[0:16] = 0
-    for l in range(16 * half, 16 * half + 16, 2):
-        o = 128 * h + l
-        jj = (l - 16 * half) >> 2
-        x0a, x0b, x1a, x1b = I32(xq[b, o]), I32(xq[b, o + 1]), I32(xq[b, o + 32]), I32(xq[b, o + 33])
-        x2a, x2b, x3a, x3b = I32(xq[b, o + 64]), I32(xq[b, o + 65]), I32(xq[b, o + 96]), I32(xq[b, o + 97])
-        pa, pb = qs[g, b, 64 * h + l], qs[g, b, 64 * h + l + 1]  # quarters 0 (low), 2 (high)
-        ra, rb = qs[g, b, 64 * h + 32 + l], qs[g, b, 64 * h + 33 + l]  # quarters 1, 3
-        ea, eb = qh[g, b, 32 * h + l], qh[g, b, 32 * h + l + 1]  # 2 bits per quarter
+    for jj in range(4):
+        o = 128 * h + 16 * half + 4 * jj
+        x0a, x0b, x0c, x0d = I32(xq[b, o]), I32(xq[b, o + 1]), I32(xq[b, o + 2]), I32(xq[b, o + 3])
+        x1a, x1b, x1c, x1d = I32(xq[b, o + 32]), I32(xq[b, o + 33]), I32(xq[b, o + 34]), I32(xq[b, o + 35])
+        x2a, x2b, x2c, x2d = I32(xq[b, o + 64]), I32(xq[b, o + 65]), I32(xq[b, o + 66]), I32(xq[b, o + 67])
+        x3a, x3b, x3c, x3d = I32(xq[b, o + 96]), I32(xq[b, o + 97]), I32(xq[b, o + 98]), I32(xq[b, o + 99])
+        w = 16 * h + 4 * half + jj
+        lo_words, hi_words, bit_words = qs[g, b, w], qs[g, b, w + 8], qh[g, b, 8 * h + 4 * half + jj]
         s0, s1, s2, s3 = s[jj], s[4 + jj], s[8 + jj], s[12 + jj]
         for r in range(R):
-            a0, b0, a1, b1 = I32(pa[r]), I32(pb[r]), I32(ra[r]), I32(rb[r])
-            ha, hb = I32(ea[r]), I32(eb[r])
-            s0[r] = I32(s0[r] + I32(code6(a0 & 15, ha) * x0a) + I32(code6(b0 & 15, hb) * x0b))
-            s1[r] = I32(s1[r] + I32(code6(a1 & 15, ha >> 2) * x1a) + I32(code6(b1 & 15, hb >> 2) * x1b))
-            s2[r] = I32(s2[r] + I32(code6(a0 >> 4, ha >> 4) * x2a) + I32(code6(b0 >> 4, hb >> 4) * x2b))
-            s3[r] = I32(s3[r] + I32(code6(a1 >> 4, ha >> 6) * x3a) + I32(code6(b1 >> 4, hb >> 6) * x3b))
+            p, q, e = I32(lo_words[r]), I32(hi_words[r]), I32(bit_words[r])
+            s0[r] = I32(I32(q6(p, e, 0, 0) * x0a) + I32(q6(p, e, 8, 8) * x0b)
+                        + I32(q6(p, e, 16, 16) * x0c) + I32(q6(p, e, 24, 24) * x0d))
+            s1[r] = I32(I32(q6(q, e, 0, 2) * x1a) + I32(q6(q, e, 8, 10) * x1b)
+                        + I32(q6(q, e, 16, 18) * x1c) + I32(q6(q, e, 24, 26) * x1d))
+            s2[r] = I32(I32(q6(p, e, 4, 4) * x2a) + I32(q6(p, e, 12, 12) * x2b)
+                        + I32(q6(p, e, 20, 20) * x2c) + I32(q6(p, e, 28, 28) * x2d))
+            s3[r] = I32(I32(q6(q, e, 4, 6) * x3a) + I32(q6(q, e, 12, 14) * x3b)
+                        + I32(q6(q, e, 20, 22) * x3c) + I32(q6(q, e, 28, 30) * x3d))
 
 
 @nb.njit(**JIT_FLAGS)
 def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
-    # qs: u8[G, NSB, 128, R] (ql); qh: u8[G, NSB, 64, R]; sc: u8[G, NSB, 16, R] (int8 bits);
+    # qs: u32[G, NSB, 32, R] (ql); qh: u32[G, NSB, 16, R]; sc: u8[G, NSB, 16, R] (int8 bits);
     # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]
     # acc: f32[10, R]; isum: i32[>=25, R]: 16 run sums, the 8 lanes, their total
     n_sb, R = qs.shape[1], qs.shape[3]

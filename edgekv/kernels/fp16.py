@@ -1,8 +1,9 @@
 """Scalar conversions between float32 and the 16-bit formats, and ggml's rounding helpers.
 
-Numba has no float16 type, so halves travel as their uint16 bit patterns and these
-small functions convert them with integer arithmetic. They are branch-light so that
-LLVM vectorizes them inside the kernels' lane loops. What does not live here: any
+Numba has no float16 type, so halves travel as their uint16 bit patterns. f16_to_f32
+and f32_to_f16 are the CPU's conversion instructions where it has them (intrinsics.py)
+and otherwise integer arithmetic, branch-light so that LLVM vectorizes it inside the
+kernels' lane loops. What does not live here: any
 loop over arrays (see dequant.py, quantize.py, matvec.py).
 
 Rounding, as ggml does it on CPUs:
@@ -19,6 +20,7 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS
+from .intrinsics import HAS_F16C, float_to_half, half_to_float
 
 U32 = np.uint32
 _TWO_POW_112 = np.float32(2.0**112)
@@ -26,7 +28,7 @@ _TWO_POW_24 = np.float32(2.0**24)
 
 
 @nb.njit(**EXACT_FLAGS)
-def f16_to_f32(h):
+def f16_to_f32_soft(h):
     # h: uint16 bits of an IEEE half -> float32 (exact, subnormals and inf/NaN included)
     # Every step is wrapped in uint32: Numba widens integer arithmetic to 64 bits, and
     # the explicit casts let LLVM keep 32-bit lanes when it vectorizes a caller's loop.
@@ -41,7 +43,7 @@ def f16_to_f32(h):
 
 
 @nb.njit(**EXACT_FLAGS)
-def f32_to_f16(x):
+def f32_to_f16_soft(x):
     # x: float32 -> uint16 bits of the nearest half (ties to even), like F16C and numpy
     b = np.float32(x).view(np.uint32)
     sign = np.uint32((b >> 16) & 0x8000)
@@ -56,6 +58,13 @@ def f32_to_f16(x):
     # normal: round the 13 dropped mantissa bits to even, then re-bias 127 -> 15
     r = a + np.uint32(0xFFF) + ((a >> 13) & np.uint32(1))
     return np.uint16(sign | ((r - np.uint32(112 << 23)) >> 13))
+
+
+# One instruction each where the CPU converts halves (F16C, AArch64); the integer
+# formulations above elsewhere. Both give the same bits (NaNs aside: the instruction
+# quiets a signalling NaN).
+f16_to_f32 = half_to_float if HAS_F16C else f16_to_f32_soft
+f32_to_f16 = float_to_half if HAS_F16C else f32_to_f16_soft
 
 
 @nb.njit(**EXACT_FLAGS)

@@ -4,9 +4,8 @@ Why: these small models are sensitive enough that one-ulp differences in exp, fl
 an 8-bit activation rounding somewhere, change greedy tokens. llama.cpp's CPU build
 (AVX-512) computes the exp of softmax and SiLU with `ggml_v_expf`, a polynomial with FMA
 steps (an ARM optimized-routines port), not the C library's expf, and GELU through a
-65,536-entry table indexed by the f16 bits of x (GGML_GELU_FP16). Each FMA is emulated
-exactly in float64: a float32 product is exact there, so only the final rounding
-remains. What does not live here: loops over tensors (ops.py, attention.py).
+65,536-entry table indexed by the f16 bits of x (GGML_GELU_FP16). The FMAs are the
+CPU's (intrinsics.fma). What does not live here: loops over tensors (ops.py, attention.py).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS
+from .intrinsics import fma
 
 _f32 = np.float32
 _SHIFT = _f32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer
@@ -31,19 +31,14 @@ _C4 = _f32(float.fromhex("0x1.ffffecp-1"))
 
 
 @nb.njit(**EXACT_FLAGS)
-def _fma(a, b, c):
-    return _f32(np.float64(a) * np.float64(b) + np.float64(c))
-
-
-@nb.njit(**EXACT_FLAGS)
 def v_expf(x):
     # ggml_v_expf (AVX-512): exp(x) = 2^n * p(b), n = round(x / ln 2), b = x - n ln 2
     x = _f32(x)
-    z = _fma(x, _LOG2E, _SHIFT)
+    z = fma(x, _LOG2E, _SHIFT)
     n = _f32(z - _SHIFT)
-    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+    b = fma(-n, _LN2_LO, fma(-n, _LN2_HI, x))
     u = _f32(b * b)
-    j = _fma(_fma(_fma(_C0, b, _C1), u, _fma(_C2, b, _C3)), u, _fma(_C4, b, _f32(1.0)))
+    j = fma(fma(fma(_C0, b, _C1), u, fma(_C2, b, _C3)), u, fma(_C4, b, _f32(1.0)))
     if abs(n) > 192.0 or n != n:
         return _f32(0.0) if n <= 0 else _f32(np.inf)
     return _f32(math.ldexp(np.float64(j), int(n)))
@@ -62,7 +57,7 @@ def _gelu_f32(x16, out):
     # GCC contracts `1.0f + GELU_COEF_A*x*x` into (it decides the table entry of x = -1.999)
     for i in range(x16.size):
         x = x16[i]
-        inner = _f32(0.79788456080286535587989211986876) * x * _fma(_f32(0.044715) * x, x, _f32(1.0))
+        inner = _f32(0.79788456080286535587989211986876) * x * fma(_f32(0.044715) * x, x, _f32(1.0))
         out[i] = _f32(0.5) * x * (_f32(1.0) + math.tanh(inner))
 
 

@@ -7,17 +7,21 @@ run once per weight at model load. What does not: the kernels that read the layo
 The lane layout: rows are taken R = `lanes` at a time (a "group"; the last group is
 padded with zero rows) and every field of a block is stored with the group's R rows
 side by side, so the kernels' innermost loop runs over R contiguous lanes with no
-horizontal reductions, and LLVM turns it into plain SIMD. For a group g, block b:
+horizontal reductions, and LLVM turns it into plain SIMD. The code bytes travel four
+at a time: one uint32 word holds bytes 4i..4i+3 of a row (byte 4i + k in bits 8k..),
+which are the four consecutive values llama.cpp's SIMD sums in one integer lane, so a
+lane's four products come from one load and LLVM sums them with 16-bit multiply-adds
+(vpmaddwd / vpdpwssd). For a group g, block b:
 
-    qs[g, b, i, r]   byte i of the block's codes, row g*R + r        u8[G, NB, Q, R]
-    qh[g, b, i, r]   byte i of the high bits (Q5_*, Q5_K, Q6_K)       u8[G, NB, H, R]
+    qs[g, b, i, r]   word i of the block's codes, row g*R + r        u32[G, NB, Q/4, R]
+    qh[g, b, i, r]   word i of the high bits (Q5_*, Q5_K, Q6_K)       u32[G, NB, H/4, R]
     sc[g, b, i, r]   sub-block scale i (K-quants; Q4_K/Q5_K: 8 scales
                      then 8 mins, unpacked from 6 bits; Q6_K: int8)   u8[G, NB, S, R]
     d[g, b, i, r]    f16 bits of the block scales: (d,) or (d, m) or
                      (d, dmin)                                        u16[G, NB, D, R]
 
-Byte i of qs/qh means exactly byte i of that field in the file, so every kernel uses
-ggml's own value order. Fields a type lacks have size 0. Float weights keep one value
+Byte i of qs/qh (byte i % 4 of word i / 4) is exactly byte i of that field in the
+file, so every kernel uses ggml's own value order. Fields a type lacks have size 0. Float weights keep one value
 per lane: F32 in w[g, c, r] (f32), F16/BF16 as their uint16 bits in d[g, c, 0, r]. The scales
 stay f16: converting them in the kernel is free next to the memory traffic it saves.
 Total size = the quantized size + the K-quants' unpacked 6-bit scales (+3%) + padding.
@@ -83,6 +87,8 @@ def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) ->
         part = blocks[:, :, start:start + length]
         if name == "d":
             part = np.ascontiguousarray(part).view(np.uint16)
+        elif name in ("qs", "qh"):  # bytes 4i..4i+3 -> word i, little-endian as in the file
+            part = np.ascontiguousarray(part).view("<u4").astype(np.uint32, copy=False)
         elif name == "sc" and ggml_type != int(T.Q6_K):
             part = unpack_k4_scales(part)
         fields[name] = part
@@ -110,7 +116,8 @@ def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size:
                 out[name] = np.empty((n_groups, nb, x, lanes), field.dtype)
             out[name][g0:g1] = field.reshape(g1 - g0, lanes, nb, x).transpose(0, 2, 3, 1)
     n_blocks = out["qs"].shape[1] if "qs" in out else 1
-    none = np.zeros((n_groups, n_blocks, 0, lanes), np.uint8)
-    return Packed(lanes, n_groups, out.get("qs", none), out.get("qh", none), out.get("sc", none),
+    none = np.zeros((n_groups, n_blocks, 0, lanes), np.uint32)
+    return Packed(lanes, n_groups, out.get("qs", none), out.get("qh", none),
+                  out.get("sc", np.zeros((n_groups, n_blocks, 0, lanes), np.uint8)),
                   out.get("d", np.zeros((n_groups, n_blocks, 0, lanes), np.uint16)),
                   out["w"][:, :, 0, :] if "w" in out else np.zeros((n_groups, 0, lanes), np.float32))

@@ -33,20 +33,21 @@ def unpack_q8_0(qs, d, g, r0, r1, tile, c0):
     for b in range(qs.shape[1]):
         dw = d[g, b, 0, r0:r1]
         for j in range(32):
-            out, q = tile[32 * b + j, c0:c0 + n], qs[g, b, j, r0:r1]
+            out, q, sh = tile[32 * b + j, c0:c0 + n], qs[g, b, j >> 2, r0:r1], 8 * (j & 3)
             for i in range(n):
-                out[i] = F32(np.int8(q[i])) * f16_to_f32(dw[i])
+                out[i] = F32(np.int8(I32(q[i]) >> sh)) * f16_to_f32(dw[i])
 
 
 @nb.njit(**EXACT_FLAGS)
 def unpack_q4_q5(kind, qs, qh, d, g, r0, r1, tile, c0):
     # Q4_0 (kind 2), Q4_1 (3), Q5_0 (6), Q5_1 (7): tile[32b + j, c0 + i]
-    # value j is the low (j < 16) or high nibble of byte j % 16, its fifth bit is bit j of qh
+    # value j is the low (j < 16) or high nibble of byte j % 16 (byte j % 4 of word j % 16 / 4),
+    # its fifth bit is bit j of the qh word
     n = r1 - r0
     for b in range(qs.shape[1]):
         dw, mw = d[g, b, 0, r0:r1], d[g, b, d.shape[2] - 1, r0:r1]  # (d, m) or (d,)
         for j in range(32):
-            out, q, sh = tile[32 * b + j, c0:c0 + n], qs[g, b, j & 15, r0:r1], 4 * (j >> 4)
+            out, q, sh = tile[32 * b + j, c0:c0 + n], qs[g, b, (j & 15) >> 2, r0:r1], 8 * (j & 3) + 4 * (j >> 4)
             if kind == 2:
                 for i in range(n):
                     out[i] = f16_to_f32(dw[i]) * F32(I32(I32(I32(q[i]) >> sh) & 15) - 8)
@@ -54,7 +55,7 @@ def unpack_q4_q5(kind, qs, qh, d, g, r0, r1, tile, c0):
                 for i in range(n):
                     out[i] = f16_to_f32(dw[i]) * F32(I32(I32(q[i]) >> sh) & 15) + f16_to_f32(mw[i])
             else:
-                h, bit = qh[g, b, j >> 3, r0:r1], I32(1 << (j & 7))
+                h, bit = qh[g, b, 0, r0:r1], I32(1 << j)
                 if kind == 6:
                     for i in range(n):
                         code = I32(I32(I32(q[i]) >> sh) & 15) | (16 if (I32(h[i]) & bit) != 0 else 0)
@@ -72,16 +73,17 @@ def unpack_q4_k(qs, qh, sc, d, g, r0, r1, tile, c0):
     has_qh = qh.shape[2] > 0
     for b in range(qs.shape[1]):
         dw, dm = d[g, b, 0, r0:r1], d[g, b, 1, r0:r1]
-        for s in range(8):  # sub-block s: nibble s % 2 of qs[32 (s // 2) + l], fifth bit s of qh[l]
-            sh, bit = 4 * (s & 1), I32(1 << s)
+        for s in range(8):  # sub-block s: nibble s % 2 of qs byte 32 (s // 2) + l, fifth bit s of qh byte l
+            bit = I32(1 << s)
             scale, mins = sc[g, b, s, r0:r1], sc[g, b, 8 + s, r0:r1]
             for l in range(32):
-                out, q = tile[256 * b + 32 * s + l, c0:c0 + n], qs[g, b, 32 * (s >> 1) + l, r0:r1]
-                h = qh[g, b, l, r0:r1] if has_qh else q
+                out, q = tile[256 * b + 32 * s + l, c0:c0 + n], qs[g, b, 8 * (s >> 1) + (l >> 2), r0:r1]
+                h = qh[g, b, l >> 2, r0:r1] if has_qh else q
+                sh, hsh = 8 * (l & 3) + 4 * (s & 1), 8 * (l & 3)
                 for i in range(n):
                     code = I32(I32(I32(q[i]) >> sh) & 15)
                     if has_qh:
-                        code |= 16 if (I32(h[i]) & bit) != 0 else 0
+                        code |= 16 if (I32(I32(h[i]) >> hsh) & bit) != 0 else 0
                     out[i] = (f16_to_f32(dw[i]) * F32(scale[i])) * F32(code) - f16_to_f32(dm[i]) * F32(mins[i])
 
 
@@ -93,10 +95,10 @@ def unpack_q6_k(qs, qh, sc, d, g, r0, r1, tile, c0):
         dw = d[g, b, 0, r0:r1]
         for h in range(2):
             for k in range(4):
-                sh_lo, sh_hi = 4 * (k >> 1), 2 * k
                 for l in range(32):
+                    sh_lo, sh_hi = 8 * (l & 3) + 4 * (k >> 1), 8 * (l & 3) + 2 * k
                     out = tile[256 * b + 128 * h + 32 * k + l, c0:c0 + n]
-                    lo, hi = qs[g, b, 64 * h + 32 * (k & 1) + l, r0:r1], qh[g, b, 32 * h + l, r0:r1]
+                    lo, hi = qs[g, b, 16 * h + 8 * (k & 1) + (l >> 2), r0:r1], qh[g, b, 8 * h + (l >> 2), r0:r1]
                     scale = sc[g, b, 8 * h + 2 * k + l // 16, r0:r1]
                     for i in range(n):
                         code = I32(I32(I32(lo[i]) >> sh_lo) & 15) | I32(I32(I32(I32(hi[i]) >> sh_hi) & 3) << 4)

@@ -160,7 +160,7 @@ class Scratch:
         self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
         self.n_batch = n_batch
         self._scores = np.zeros((0, 0), np.float32)
-        self._pv = np.zeros((max_threads(), 4, 16, hp.head_dim_v), np.float32)
+        self._pv = np.zeros((max_threads(), 4, 16, max(hp.head_dim_v, 64)), np.float32)
         self.kv_rows = np.zeros((max_threads(), 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
 
     def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +203,7 @@ def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarr
         scores, scratch = s.attn_scratch(n * hp.n_heads, cache.capacity)
         if cache.f16:
             attention_f16(q3, positions, cache.k[layer].view(np.uint16), cache.v[layer].view(np.uint16), pos,
-                          n_slots, window, np.float32(scale), F16_TO_F32, scores, scratch, out3)
+                          n_slots, window, np.float32(scale), scores, scratch, out3)
         else:
             attention_rows(q3, positions, cache.k[layer], cache.v[layer], cache.kind_k.quant.ggml_type,
                            cache.kind_v.quant.ggml_type, pos, n_slots, window, np.float32(scale), scores,
