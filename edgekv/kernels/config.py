@@ -28,15 +28,21 @@ import hashlib
 import os
 from pathlib import Path
 
-# Idle OpenMP workers sleep instead of spinning. Decode launches a parallel region per
-# matrix (hundreds per token) and prefill alternates them with OpenBLAS's own threads;
-# spinning workers then fight those threads, or any other busy process, for the cores,
-# and on a 2-core machine with one other busy process a region that should take 20 us
-# took 4-8 ms (a scheduler tick), a decode step 100x its normal time. Sleeping costs a
-# wake-up per region (10-30 us measured), which PARALLEL_MIN_WEIGHTS below keeps off
-# small products. Read once, when Numba first loads its OpenMP layer; export
-# OMP_WAIT_POLICY=ACTIVE to spin on a machine that runs nothing else.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How idle OpenMP workers wait for the next parallel region. Decode runs hundreds of
+# small regions per token (one per weight product, each 10-100 us), so a worker that
+# goes to sleep after each one costs a futex wake-up (10-30 us) every time: SmolLM2
+# decoded at 12.2 ms/token with sleeping workers and 7.7 with spinning ones. But a
+# worker that spins forever fights any other busy process for the cores: on this
+# 2-core machine with one busy process a decode step took 100x its time. So by
+# default workers spin briefly (GOMP_SPINCOUNT, about the gap between two products of
+# one token), then sleep; with one busy process beside it, decode then takes ~3.5x
+# its idle time, against 1x for always-sleeping workers. Set OMP_WAIT_POLICY=PASSIVE
+# on a machine that runs other work (workers sleep at once, and small products stay
+# on the calling thread: PARALLEL_MIN_WEIGHTS), or ACTIVE on one that runs nothing
+# else. Read once, when Numba first loads its OpenMP layer.
+WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY", "").upper()
+if not WAIT_POLICY:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 import numba  # noqa: E402  (after the environment default above)
 
@@ -72,12 +78,11 @@ EXACT_FLAGS: dict = dict(cache=CACHE, nogil=True, fastmath=False)
 JIT_FLAGS: dict = dict(cache=CACHE, nogil=True, fastmath=SAFE_FASTMATH)
 PARALLEL_FLAGS: dict = dict(JIT_FLAGS, parallel=True)
 
-# A matvec with fewer weights than this runs on the calling thread only: waking sleeping
-# workers (see OMP_WAIT_POLICY above) costs 10-30 us, more than such a product takes
-# on one core (1M Q4_1 weights: ~40 us). With spinning workers the wake-up is ~1 us,
-# so every product is split. EDGEKV_PARALLEL_MIN_WEIGHTS overrides.
-PARALLEL_MIN_WEIGHTS = int(os.environ.get(
-    "EDGEKV_PARALLEL_MIN_WEIGHTS", 0 if os.environ["OMP_WAIT_POLICY"].upper() == "ACTIVE" else 1 << 20))
+# A matvec with fewer weights than this runs on the calling thread only. With workers
+# that sleep at once (OMP_WAIT_POLICY=PASSIVE) waking them costs 10-30 us, more than
+# such a product takes on one core (1M Q4_1 weights: ~25 us); spinning workers answer
+# in ~1 us, so every product is split. EDGEKV_PARALLEL_MIN_WEIGHTS overrides.
+PARALLEL_MIN_WEIGHTS = int(os.environ.get("EDGEKV_PARALLEL_MIN_WEIGHTS", 1 << 20 if WAIT_POLICY == "PASSIVE" else 0))
 
 # Rows of a weight that the matvec kernels process side by side (see matvec.py).
 # 64 int32 lanes = 4 AVX-512 or 8 AVX2/NEON registers: the vectorizer's main loop.

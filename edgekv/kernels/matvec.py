@@ -80,25 +80,38 @@ def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
         xf[:] = x
 
 
+@nb.njit(**JIT_FLAGS)
+def matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order, g):
+    # rows g*R .. g*R + R - 1 of out, with one thread's scratch acc: f32[N_ACC, R], isum: i32[N_ISUM, R]
+    R = acc.shape[1]
+    if kind == 8 or kind == 2 or kind == 3 or kind == 6 or kind == 7:
+        dot_blocks(kind, qs, qh, d, xq, xd, g, acc, isum)
+    elif kind == 12 or kind == 13:
+        dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
+    elif kind == 14:
+        dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
+    else:
+        dot_float(kind, w, d, xf, g, acc)
+    for r in range(min(R, out.shape[0] - g * R)):
+        out[g * R + r] = acc[0, r]
+
+
 @nb.njit(**PARALLEL_FLAGS)
 def matvec_lanes(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order):
-    # x: f32[n_cols] -> out: f32[n_rows]; weight in lane layout (repack.py), R = acc.shape[1]
+    # x: f32[n_cols] -> out: f32[n_rows]; weight in lane layout (repack.py), R = acc.shape[2]
     # acc: f32[threads, N_ACC, R], isum: i32[threads, N_ISUM, R] per-thread scratch
     prepare_x(kind, act_kind, x, xq, xd, xsum, xf)
-    R = acc.shape[2]
     for g in nb.prange(d.shape[0]):
         t = nb.get_thread_id()
-        a, s = acc[t], isum[t]
-        if kind == 8 or kind == 2 or kind == 3 or kind == 6 or kind == 7:
-            dot_blocks(kind, qs, qh, d, xq, xd, g, a, s)
-        elif kind == 12 or kind == 13:
-            dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, a, s, order)
-        elif kind == 14:
-            dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, a, s, order)
-        else:
-            dot_float(kind, w, d, xf, g, a)
-        for r in range(min(R, out.shape[0] - g * R)):
-            out[g * R + r] = a[0, r]
+        matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc[t], isum[t], out, order, g)
+
+
+@nb.njit(**JIT_FLAGS)
+def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order):
+    # matvec_lanes on the calling thread only (products too small to be worth a wake-up)
+    prepare_x(kind, act_kind, x, xq, xd, xsum, xf)
+    for g in range(d.shape[0]):
+        matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc[0], isum[0], out, order, g)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
@@ -181,17 +194,9 @@ class QuantMatrix:
         _check("x", x, (self.n_cols,))
         _check("out", out, (self.n_rows,))
         p = self._p
-        if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS:
-            matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
-            return
-        n_threads = nb.get_num_threads()  # small product: the calling thread alone
-        nb.set_num_threads(1)
-        try:
-            matvec_lanes(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-                         self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
-        finally:
-            nb.set_num_threads(n_threads)
+        run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
+        run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
+            self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
 
     def matmul(self, x: np.ndarray, out: np.ndarray) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T (a chunk of tokens)."""
