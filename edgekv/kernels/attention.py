@@ -96,11 +96,16 @@ def dot_f16(q, k_row, acc, one_register):
     # elements go through a contiguous loop, which LLVM vectorizes.
     acc[:] = 0.0
     hd = q.shape[0]
-    step = 16 if one_register else 64
-    full = hd - hd % step
-    for c in range(0, full, step):
-        for i in range(step):
-            acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
+    if one_register:  # constant trip counts: LLVM unrolls them into whole SIMD registers
+        full = hd - hd % 16
+        for c in range(0, full, 16):
+            for i in range(16):
+                acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
+    else:
+        full = hd - hd % 64
+        for c in range(0, full, 64):
+            for i in range(64):
+                acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
     for i in range(full, hd):
         j = 16 * _register(i, one_register) + i % 16
         acc[j] = fma(q[i], f16_to_f32(k_row[i]), acc[j])

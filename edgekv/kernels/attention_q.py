@@ -1,8 +1,10 @@
 """Attention over a KV cache of any storage type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
 q5_1, chosen separately for K and V).
 
-Each visible slot's K row and V row are dequantized block by block into a head_dim-sized
-scratch row as the kernel reaches them, so no dequantized copy of the cache exists. The
+Each visible slot's K row and V row are read as the kernel reaches them, so no
+dequantized copy of the cache exists: Q8_0 and Q4_0 rows block by block in place (the
+block scale applied once per block), other types dequantized into a head_dim-sized
+scratch row. The
 arithmetic is float32 with ggml's softmax (same masks and exp as attention.py); unlike
 the f16/f16 kernels in attention.py it makes no attempt to reproduce llama.cpp's
 roundings bit for bit (llama.cpp itself quantizes Q and the softmax weights to the cache
@@ -16,8 +18,59 @@ import numba as nb
 import numpy as np
 
 from .attention import softmax_numerators, visible
-from .config import PARALLEL_FLAGS
-from .dequant import dequant_row
+from .config import JIT_FLAGS, PARALLEL_FLAGS
+from .dequant import dequant_row, half_at
+
+F32 = np.float32
+I32 = np.int32
+
+
+@nb.njit(**JIT_FLAGS)
+def dot_row(src, ggml_type, x, scratch):
+    # x . (cache row src dequantized); Q8_0 and Q4_0 are read in place, block by block,
+    # other types go through scratch: f32[len(x)]
+    n = x.shape[0]
+    total = np.float32(0.0)
+    if ggml_type == 8 or ggml_type == 2:
+        bs = 34 if ggml_type == 8 else 18
+        for b in range(n // 32):
+            o, part = bs * b, np.float32(0.0)
+            if ggml_type == 8:
+                for j in range(32):
+                    part += x[32 * b + j] * F32(np.int8(src[o + 2 + j]))
+            else:
+                for j in range(16):
+                    c = I32(src[o + 2 + j])
+                    part += x[32 * b + j] * F32(I32(c & 15) - 8) + x[32 * b + 16 + j] * F32(I32(c >> 4) - 8)
+            total += part * half_at(src, o)
+        return total
+    dequant_row(src, ggml_type, scratch)
+    for i in range(n):
+        total += x[i] * scratch[i]
+    return total
+
+
+@nb.njit(**JIT_FLAGS)
+def add_row(src, ggml_type, w, acc, scratch):
+    # acc += w * (cache row src dequantized), Q8_0 and Q4_0 in place (see dot_row)
+    n = acc.shape[0]
+    if ggml_type == 8 or ggml_type == 2:
+        bs = 34 if ggml_type == 8 else 18
+        for b in range(n // 32):
+            o = bs * b
+            wd = w * half_at(src, o)
+            if ggml_type == 8:
+                for j in range(32):
+                    acc[32 * b + j] += wd * F32(np.int8(src[o + 2 + j]))
+            else:
+                for j in range(16):
+                    c = I32(src[o + 2 + j])
+                    acc[32 * b + j] += wd * F32(I32(c & 15) - 8)
+                    acc[32 * b + 16 + j] += wd * F32(I32(c >> 4) - 8)
+        return
+    dequant_row(src, ggml_type, scratch)
+    for i in range(n):
+        acc[i] += w * scratch[i]
 
 
 @nb.njit(**PARALLEL_FLAGS)
@@ -39,11 +92,7 @@ def attention_rows(q, q_pos, k_cache, v_cache, type_k, type_v, slot_pos, n_slots
             if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
                 continue
-            dequant_row(k_cache[kvh, s], type_k, k_row)
-            dot = np.float32(0.0)
-            for i in range(hd_k):
-                dot += q[t, h, i] * k_row[i]
-            row[s] = dot * scale
+            row[s] = dot_row(k_cache[kvh, s], type_k, q[t, h], k_row) * scale
             m = max(m, row[s])
         denom = softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
@@ -51,10 +100,7 @@ def attention_rows(q, q_pos, k_cache, v_cache, type_k, type_v, slot_pos, n_slots
         acc[:] = 0.0
         for s in range(n_slots):
             if row[s] != 0.0:
-                w = row[s] * inv
-                dequant_row(v_cache[kvh, s], type_v, v_row)
-                for i in range(hd_v):
-                    acc[i] += w * v_row[i]
+                add_row(v_cache[kvh, s], type_v, row[s] * inv, acc, v_row)
 
 
 @nb.njit(**PARALLEL_FLAGS)

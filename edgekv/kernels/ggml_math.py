@@ -39,9 +39,12 @@ def v_expf(x):
     b = fma(-n, _LN2_LO, fma(-n, _LN2_HI, x))
     u = _f32(b * b)
     j = fma(fma(fma(_C0, b, _C1), u, fma(_C2, b, _C3)), u, fma(_C4, b, _f32(1.0)))
+    # j * 2^n, rounded once: exact in float64 for |n| <= 192, then one rounding to float32
+    # (as _mm512_scalef_ps); 2^n is built from its bits so the loop calling this vectorizes
+    scaled = _f32(np.float64(j) * np.int64((np.int64(n) + 1023) << 52).view(np.float64))
     if abs(n) > 192.0 or n != n:
         return _f32(0.0) if n <= 0 else _f32(np.inf)
-    return _f32(math.ldexp(np.float64(j), int(n)))
+    return scaled
 
 
 @nb.njit(**EXACT_FLAGS)
