@@ -23,6 +23,7 @@ chat: $(STAMP)
 
 bench: $(STAMP)
 	@found=0; for script in benchmarks/*.py; do \
+	    case "$${script##*/}" in _*) continue;; esac; \
 	    [ -e "$$script" ] || continue; found=1; \
 	    echo "== $$script"; $(PY) "$$script" || exit 1; \
 	done; [ $$found = 1 ] || echo "no benchmarks yet: add scripts as benchmarks/*.py"

@@ -1,9 +1,11 @@
-"""Prefill (pp) and decode (tg) tokens per second of the catalog models, beside llama.cpp.
+"""Prefill (pp) and decode (tg) tokens per second of the catalog models, beside llama.cpp's
+recorded figures.
 
-Like llama-bench: random token ids (no tokenization), an empty cache for pp, decode of
-n tokens after a 1-token prompt for tg; the first repetition warms up (JIT, page cache)
-and is not counted. Prints a Markdown table with the ratio to llama.cpp's figures from
-../shared/reference/README.md (2 threads, same machine class).
+edgekv is measured exactly as `edgekv bench` measures it (edgekv/bench.py: llama-bench's
+tests on random ids, one warm-up, a depth prefix that is not timed). llama.cpp's figures
+are the ones in ../shared/reference/README.md (llama-bench -t 2 on a machine of the same
+class, on another day), so the ratio is a first indication; compare_llama_cpp.py measures
+both engines in one run.
 
     python benchmarks/speed.py [-m NAME ...] [-p 512] [-n 128] [-r 3] [-t THREADS] [-d 4096 [-ct f16 q8_0 q4_0]]
 """
@@ -11,39 +13,13 @@ and is not counted. Prints a Markdown table with the ratio to llama.cpp's figure
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
-import numpy as np
-
-from edgekv.kernels.config import set_num_threads
-from edgekv.loader import load
+import os
 
 LLAMA_CPP = {  # llama-bench -t 2, tokens/s (../shared/reference/README.md)
     "smollm2-135m-instruct": {"pp512": 347.0, "tg128": 108.0,
-                              "tg64@d4096 f16": 30.5, "tg64@d4096 q8_0": 31.2, "tg64@d4096 q4_0": 21.9},
+                              "tg64 @ d4096 f16": 30.5, "tg64 @ d4096 q8_0": 31.2, "tg64 @ d4096 q4_0": 21.9},
     "gemma3-270m": {"pp512": 699.0, "tg128": 52.0},
 }
-
-
-def bench_pp(model, n_prompt: int) -> float:
-    s = model.session(n_ctx=n_prompt + 8, n_batch=512)
-    ids = np.random.default_rng(0).integers(0, model.hp.n_vocab, n_prompt)
-    t0 = time.perf_counter()
-    s.eval(ids)
-    return n_prompt / (time.perf_counter() - t0)
-
-
-def bench_tg(model, n_gen: int, depth: int = 0, cache_type: str = "f16") -> float:
-    """Decode n_gen tokens after `depth` tokens of random prompt (llama-bench's tg at -d)."""
-    s = model.session(n_ctx=depth + n_gen + 8, n_batch=512, cache_type_k=cache_type, cache_type_v=cache_type)
-    s.eval(np.random.default_rng(1).integers(0, model.hp.n_vocab, depth + 1))
-    tok = 1
-    t0 = time.perf_counter()
-    for _ in range(n_gen):
-        s.eval([tok])
-        tok = int(np.argmax(s.logits))
-    return n_gen / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -54,21 +30,27 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-d", type=int, default=0, help="also decode 64 tokens at this depth, per cache type")
-    ap.add_argument("-ct", nargs="*", default=["f16", "q8_0", "q4_0"], help="cache types for -d")
+    ap.add_argument("-ct", nargs="*", default=["f16", "q8_0", "q4_0"], help="cache types for -d (K and V alike)")
     args = ap.parse_args()
-    set_num_threads(args.t)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.t))  # before NumPy is imported
+
+    from edgekv.bench import BenchTest, run_test
+    from edgekv.loader import load
+
     print("| model | test | edgekv t/s | llama.cpp t/s | ratio |\n|---|---|---|---|---|")
     for name in args.model:
         model = load(name)
-        tests = [(f"pp{args.p}", lambda: bench_pp(model, args.p)), (f"tg{args.n}", lambda: bench_tg(model, args.n))]
+        tests = [(f"pp{args.p}", BenchTest(args.p, 0, n_threads=args.t)),
+                 (f"tg{args.n}", BenchTest(0, args.n, n_threads=args.t))]
         if args.d:
-            tests += [(f"tg64@d{args.d} {ct}", lambda ct=ct: bench_tg(model, 64, args.d, ct)) for ct in args.ct]
-        for test, fn in tests:
-            runs = [fn() for _ in range(args.r + 1)][1:]
-            mean, sd = statistics.mean(runs), statistics.pstdev(runs)
-            ref = LLAMA_CPP.get(name, {}).get(test)
-            ratio = f"{mean / ref:.2f}x" if ref else "-"
-            print(f"| {name} | {test} | {mean:.1f} ± {sd:.1f} | {ref or '-'} | {ratio} |", flush=True)
+            tests += [(f"tg64 @ d{args.d} {ct}", BenchTest(0, 64, args.d, type_k=ct, type_v=ct, n_threads=args.t))
+                      for ct in args.ct]
+        for label, test in tests:
+            result = run_test(model, test, args.r)
+            ref = LLAMA_CPP.get(name, {}).get(label)
+            ratio = f"{result.avg_ts / ref:.2f}x" if ref else "-"
+            print(f"| {name} | {label} | {result.avg_ts:.1f} ± {result.stddev_ts:.1f} | {ref or '-'} | {ratio} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 What lives here: the top-level parser, logging set-up (`-v`), and the one place where
 exceptions become exit codes: EdgeKVError (and unreadable files) -> a one-line message on
 stderr and status 1, usage errors -> argparse's message and status 2, Ctrl-C -> 130.
-What does not: the commands themselves (run.py, chat.py, perplexity.py, mem.py, models.py) and
+What does not: the commands themselves (run.py, chat.py, perplexity.py, bench.py, mem.py, models.py) and
 the options they share (common.py).
 """
 
@@ -16,9 +16,9 @@ import sys
 from typing import Callable, Sequence
 
 from ..errors import EdgeKVError
-from . import chat, mem, models, perplexity, run
+from . import bench, chat, mem, models, perplexity, run
 
-COMMANDS = (run, chat, perplexity, mem, models)
+COMMANDS = (run, chat, perplexity, bench, mem, models)
 
 
 def build_parser() -> argparse.ArgumentParser:

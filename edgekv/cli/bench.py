@@ -1,0 +1,92 @@
+"""`edgekv bench`: prompt processing (pp) and generation (tg) speed, as llama.cpp's llama-bench.
+
+What lives here: the command's options, with llama-bench's names and defaults (-m, -p, -n,
+-d, -b, -ctk, -ctv, -t, -r, -o; each list option takes comma-separated values or repeats,
+and the cartesian product of the lists is run), and checking every test against every
+model before the first one runs. What does not: the method, the statistics and the
+output formats (edgekv/bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from .common import non_negative_int, positive_int
+
+log = logging.getLogger("edgekv")
+
+
+def _list_of(item: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse type: '128,512' -> [item('128'), item('512')]."""
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return [item(p) for p in parts]
+
+    return parse
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bench", parents=[common], help="measure prompt and generation speed (llama-bench)",
+                       description="Measure prompt processing (pp) and text generation (tg) speed in tokens/s "
+                                   "on random token ids, as llama.cpp's llama-bench. List options take "
+                                   "comma-separated values or repeat (-p 128,512 or -p 128 -p 512); every "
+                                   "combination of them is run.")
+    lists = (
+        ("-m", "--model", str, None, "GGUF files or catalog names (default: the catalog's default model)"),
+        ("-p", "--n-prompt", non_negative_int, [512], "prompt lengths, 0 = no pp test (default: 512)"),
+        ("-n", "--n-gen", non_negative_int, [128], "generation lengths, 0 = no tg test (default: 128)"),
+        ("-d", "--n-depth", non_negative_int, [0], "tokens already in the cache when a test starts (default: 0)"),
+        ("-b", "--batch-size", positive_int, [512], "prompt chunk sizes (default: 512)"),
+        ("-ctk", "--cache-type-k", str, ["f16"], "KV cache types for K (default: f16)"),
+        ("-ctv", "--cache-type-v", str, ["f16"], "KV cache types for V (default: f16)"),
+        ("-t", "--threads", positive_int, None, "thread counts (default: all cores)"),
+    )
+    for short, long, item, default, help_text in lists:
+        p.add_argument(short, long, type=_list_of(item), action="append", default=None,
+                       metavar="NAME" if item is str else "N", help=help_text)
+        p.set_defaults(**{f"{long[2:].replace('-', '_')}_default": default})
+    p.add_argument("-r", "--repetitions", type=positive_int, default=5, help="repetitions of each test (default: 5)")
+    p.add_argument("-o", "--output", choices=("md", "json", "jsonl", "csv"), default="md",
+                   help="output format (default: md)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run before each test")
+    p.set_defaults(handler=bench)
+
+
+def _values(args: argparse.Namespace, name: str) -> list:
+    """A list option's values, flattened over repeats, or its default."""
+    given = getattr(args, name)
+    return [v for group in given for v in group] if given else getattr(args, f"{name}_default")
+
+
+def bench(args: argparse.Namespace) -> int:
+    from .. import bench as b
+    from ..catalog import default_model_name, resolve_model
+    from ..context import read_hparams
+    from ..gguf import GGUFFile
+    from ..kernels.config import max_threads
+    from ..loader import load
+
+    names = _values(args, "model") or [default_model_name()]
+    n_batch = _values(args, "batch_size")
+    tests = b.bench_matrix(_values(args, "n_prompt"), _values(args, "n_gen"), _values(args, "n_depth"), n_batch,
+                           _values(args, "cache_type_k"), _values(args, "cache_type_v"),
+                           _values(args, "threads") or [max_threads()])
+    paths = [resolve_model(name) for name in names]
+    for name, path in zip(names, paths):  # every mistake is found before the first test runs
+        b.check_tests(tests, read_hparams(GGUFFile(path)), name, max_threads())
+    md_fields = [f for f, _ in b.MD_FIELDS if f != "n_batch" or n_batch != [b.DEFAULT_N_BATCH]]
+    printer = b.ResultPrinter(args.output, sys.stdout, md_fields)
+    printer.begin()
+    for path in paths:
+        model = load(path)
+        info = b.ModelInfo.from_gguf(model.gguf)
+        for i, test in enumerate(tests, 1):
+            log.info("%s: test %d/%d: %s", info.type, i, len(tests), test.name)
+            printer.add(b.run_test(model, test, args.repetitions, info, warmup=not args.no_warmup))
+    printer.end()
+    return 0
