@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ContextFullError, EdgeKVError
 from .kernels.attention_q import dequant_rows
-from .kernels.quantize import quantize_rows
+from .kernels.quantize import store_rows
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
@@ -102,6 +102,7 @@ class KVCache:
         self.capacity = capacity
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
+        self._row_scratch = np.zeros(max(head_dim_k, head_dim_v), np.float32)  # store_rows
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
@@ -167,17 +168,10 @@ class KVCache:
         self._store(self.k[layer], self.kind_k, slots, k)
         self._store(self.v[layer], self.kind_v, slots, v)
 
-    @staticmethod
-    def _store(dst: np.ndarray, kind, slots: np.ndarray, src: np.ndarray) -> None:
-        rows = np.ascontiguousarray(src.transpose(1, 0, 2))  # [n_kv, n, hd]
-        n_kv, n, hd = rows.shape
-        if kind.name == "f16":  # numpy's conversion is IEEE round-to-nearest-even, as ggml's
-            np.clip(rows, -F16_MAX, F16_MAX, out=rows)  # saturate: a K or V beyond f16 is stored as +-65504
-            dst[:, slots, :] = rows.astype(np.float16).view(np.uint8).reshape(n_kv, n, -1)
-        else:
-            out = np.empty((n_kv * n, dst.shape[2]), np.uint8)
-            quantize_rows(rows.reshape(n_kv * n, hd), kind.quant.ggml_type, out)
-            dst[:, slots, :] = out.reshape(n_kv, n, -1)
+    def _store(self, dst: np.ndarray, kind, slots: np.ndarray, src: np.ndarray) -> None:
+        # f16 saturates: a K or V beyond the half range is stored as +-65504, not inf
+        limit = F16_MAX if kind.name == "f16" else np.inf
+        store_rows(src, kind.quant.ggml_type, slots, dst, np.float32(limit), self._row_scratch[:src.shape[2]])
 
     def dequantized(self, layer: int, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 copies of the first n_slots slots of a layer's K and V, for prefill

@@ -13,7 +13,8 @@ integers per block. Which format follows the weight (llama.cpp's vec_dot_type):
 
 Outputs (preallocated by the caller, no allocation here):
   xq: i8[NB, BS] codes; xd: f32[NB, 2] (d, s); xsum: i32[NB, 16] (q8_0/q8_1: sum of
-  the 32 codes in column 0; q8_K: the 16 sums of 16).
+  the 32 codes in column 0, sums of each 4 consecutive codes in columns 8..15;
+  q8_K: the 16 sums of 16).
 Also the float "quantizers" of F16/BF16 weights (ggml rounds x to f16/bf16 for them).
 What does not live here: KV-cache quantizers (quantize.py), the dot products (dot_*.py).
 """
@@ -47,6 +48,8 @@ def quantize_act_q8(x, xq, xd, xsum):
         xd[b, 0] = round_f16(d)
         xd[b, 1] = round_f16(d * F32(total))
         xsum[b, 0] = total
+        for j in range(8):  # per SIMD lane of four codes, for the VNNI kernels' offsets
+            xsum[b, 8 + j] = I32(xq[b, 4 * j]) + I32(xq[b, 4 * j + 1]) + I32(xq[b, 4 * j + 2]) + I32(xq[b, 4 * j + 3])
 
 
 @nb.njit(**EXACT_FLAGS)

@@ -32,17 +32,18 @@ from .config import EXACT_FLAGS
 F32 = np.float32
 
 
-def _host_has(feature: str) -> bool:
+def host_has(feature: str) -> bool:
+    """Whether the CPU this process runs on has an instruction-set feature (LLVM's name)."""
     if platform.machine().lower() in ("aarch64", "arm64"):
-        return True  # FMA and half conversions are part of ARMv8's base instruction set
+        return feature in ("fma", "f16c")  # FMA and half conversions are base ARMv8; x86 names otherwise
     try:
         return bool(llvm.get_host_cpu_features().get(feature, False))
     except RuntimeError:  # features unknown: stay portable
         return False
 
 
-HAS_FMA = _host_has("fma")
-HAS_F16C = _host_has("f16c")
+HAS_FMA = host_has("fma")
+HAS_F16C = host_has("f16c")
 
 
 @intrinsic

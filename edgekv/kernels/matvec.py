@@ -36,6 +36,7 @@ from .dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
+from .vnni import CHUNK, HAS_VNNI, VNNI_TYPES, vnni_chunks
 from .unpack import unpack_group
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
@@ -114,6 +115,14 @@ def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, is
         matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc[0], isum[0], out, order, g)
 
 
+@nb.njit(**JIT_FLAGS)
+def matvec_vnni(kind, x, qs, d, xq, xd, xsum, out_pad, out):
+    # Q8_0 / Q4_0 / Q4_1 through vnni.py: same bits as matvec_lanes, 16 rows per call
+    act.quantize_act_q8(x, xq, xd, xsum)
+    vnni_chunks(kind, qs, d, xq.view(np.int32), xsum, xd, out_pad)
+    out[:] = out_pad[:out.shape[0]]
+
+
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
 def unpack_tile(kind, qs, qh, sc, d, w, g0, g1, tile):
     # groups g0..g1-1 -> tile: f32[n_cols, >= (g1-g0)*R], row g*R + r in column (g-g0)*R + r
@@ -160,7 +169,8 @@ class QuantMatrix:
     live on the instance: one instance must not be used by two threads at once.
     """
 
-    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int = LANES):
+    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int = LANES,
+                 use_vnni: bool = True):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
         expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
         raw = np.asarray(raw)
@@ -182,6 +192,9 @@ class QuantMatrix:
         self._xf = np.zeros(0 if self._act_kind else self.n_cols, np.float32)
         self._acc = np.zeros((max_threads(), N_ACC, lanes), np.float32)
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
+        # the AVX512-VNNI kernels (vnni.py) where the CPU has them and the type is theirs
+        self._vnni = HAS_VNNI and use_vnni and q.ggml_type in VNNI_TYPES and lanes % CHUNK == 0
+        self._out_pad = np.zeros(self._p.n_groups * lanes if self._vnni else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
     def __repr__(self) -> str:
@@ -194,6 +207,9 @@ class QuantMatrix:
         _check("x", x, (self.n_cols,))
         _check("out", out, (self.n_rows,))
         p = self._p
+        if self._vnni:
+            matvec_vnni(self.ggml_type, x, p.qs, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
+            return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
             self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)

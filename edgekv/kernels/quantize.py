@@ -188,3 +188,17 @@ def quantize_rows(src, ggml_type, dst):
     # src: f32[n_rows, n]; dst: u8[n_rows, row_nbytes]
     for i in nb.prange(src.shape[0]):
         quantize_row(src[i], ggml_type, dst[i])
+
+
+@nb.njit(**EXACT_FLAGS)
+def store_rows(src, ggml_type, slots, dst, limit, scratch):
+    # the K or V rows of a chunk into their cache slots: src f32[n, n_kv, hd] ->
+    # dst[h, slots[t]] (u8 rows of the cache type), each value first clamped to
+    # [-limit, limit] (f16 saturation; limit = inf for none); scratch: f32[hd]
+    n, n_kv, hd = src.shape
+    for t in range(n):
+        for h in range(n_kv):
+            x = src[t, h]
+            for i in range(hd):
+                scratch[i] = min(max(x[i], -limit), limit)
+            quantize_row(scratch, ggml_type, dst[h, slots[t]])
