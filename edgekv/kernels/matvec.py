@@ -116,10 +116,10 @@ def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, is
 
 
 @nb.njit(**JIT_FLAGS)
-def matvec_vnni(kind, x, qs, d, xq, xd, xsum, out_pad, out):
-    # Q8_0 / Q4_0 / Q4_1 through vnni.py: same bits as matvec_lanes, 16 rows per call
+def matvec_vnni(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
+    # 32-value block types through vnni.py: same bits as matvec_lanes, 16 rows per call
     act.quantize_act_q8(x, xq, xd, xsum)
-    vnni_chunks(kind, qs, d, xq.view(np.int32), xsum, xd, out_pad)
+    vnni_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out_pad)
     out[:] = out_pad[:out.shape[0]]
 
 
@@ -169,9 +169,12 @@ class QuantMatrix:
     live on the instance: one instance must not be used by two threads at once.
     """
 
-    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int = LANES,
+    def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int | None = None,
                  use_vnni: bool = True):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
+        vnni = HAS_VNNI and use_vnni and q.ggml_type in VNNI_TYPES
+        if lanes is None:  # the VNNI kernels read 16-row groups: each group is then one contiguous stream
+            lanes = CHUNK if vnni else LANES
         expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
         raw = np.asarray(raw)
         if raw.dtype != np.uint8 or raw.size != expected:
@@ -193,7 +196,7 @@ class QuantMatrix:
         self._acc = np.zeros((max_threads(), N_ACC, lanes), np.float32)
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         # the AVX512-VNNI kernels (vnni.py) where the CPU has them and the type is theirs
-        self._vnni = HAS_VNNI and use_vnni and q.ggml_type in VNNI_TYPES and lanes % CHUNK == 0
+        self._vnni = vnni and lanes % CHUNK == 0
         self._out_pad = np.zeros(self._p.n_groups * lanes if self._vnni else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
@@ -208,7 +211,7 @@ class QuantMatrix:
         _check("out", out, (self.n_rows,))
         p = self._p
         if self._vnni:
-            matvec_vnni(self.ggml_type, x, p.qs, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
+            matvec_vnni(self.ggml_type, x, p.qs, p.qh, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
             return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,

@@ -1,5 +1,5 @@
-"""Decode kernels for Q8_0, Q4_0 and Q4_1 weights on x86 CPUs with AVX512-VNNI, written
-in LLVM IR.
+"""Decode kernels for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights on x86 CPUs with
+AVX512-VNNI, written in LLVM IR.
 
 Why: the portable kernels (dot_q.py) compute ggml's 8 integer lanes per block for 64
 rows, store them, and FMA them into 8 float accumulators in a second loop; Numba cannot
@@ -10,10 +10,10 @@ zmm registers, and each lane's four products are one `vpdpbusd` (u8 x s8 -> i32)
 
 Same float arithmetic as dot_q.py, step for step, so the same bits: per block b and
 ggml lane j, acc_j = fma(f32(f16(d_w) * d_x), float(lane_j), acc_j); Q4_1 adds
-f32(f16(m_w) * s_x) to a separate sum; at the end hsum_float_8's tree
+f32(f16(m_w) * s_x) to a separate sum (Q5_1 too); at the end hsum_float_8's tree
 ((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3)), plus the min sum for Q4_1. The integer lanes
 are exact whatever the instruction: signed Q8_0 codes enter vpdpbusd as code + 128
-(u8), Q4_0 codes as q (not q - 8), and the offsets come back as 128 (8) times the sum
+(u8), Q4_0/Q5_0 codes as q (not q - 8, q - 16), and the offsets come back as 128 (8, 16) times the sum
 of the lane's four activation codes (activations.py keeps them in xsum[b, 8 + j]).
 
 What lives here: `HAS_VNNI`, the IR kernels and `matvec_vnni`, the parallel driver
@@ -32,7 +32,7 @@ from .config import EXACT_FLAGS
 from .intrinsics import host_has
 
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
-VNNI_TYPES = (8, 2, 3)  # ggml Q8_0, Q4_0, Q4_1
+VNNI_TYPES = (8, 2, 3, 6, 7)  # ggml Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 CHUNK = 16  # rows per call: one zmm register of float32
 
 _I32, _F32, _I16 = ir.IntType(32), ir.FloatType(), ir.IntType(16)
@@ -63,6 +63,15 @@ def _dpbusd(builder, words_u8, x4):
     return builder.call(fn, [ir.Constant(_V16I, None), words_u8, x4])
 
 
+def _fifth_bits(builder, bits, first):
+    # bits first..first+3 of each row's qh word -> bit 4 of bytes 0..3 (16 or 0 added to
+    # each code): the 4 bits times 0x00204081 land at bits 0, 8, 16, 24 without carries
+    four = builder.and_(builder.lshr(bits, ir.Constant(_V16I, [first] * 16)), ir.Constant(_V16I, [15] * 16))
+    spread = builder.and_(builder.mul(four, ir.Constant(_V16I, [0x00204081] * 16)),
+                          ir.Constant(_V16I, [0x01010101] * 16))
+    return builder.shl(spread, ir.Constant(_V16I, [4] * 16))
+
+
 def _scale(builder, d_data, index, factor):
     # f32(f16 d_w[16 rows] * factor): the f16 bits widened exactly, one rounded multiply
     halves = builder.bitcast(_load16(builder, d_data, index, _V16S), _V16H)
@@ -70,16 +79,18 @@ def _scale(builder, d_data, index, factor):
 
 
 def _chunk_codegen(kind):
-    """IR body for ggml type `kind`: (qs, d, xq4, xsum, xd, g, c, out) -> out[g*R + 16c : +16]."""
+    """IR body for ggml type `kind`: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + 16c : +16]."""
 
     def codegen(context, builder, sig, args):
-        qs_t, d_t, x4_t, xs_t, xd_t = sig.args[:5]
+        qs_t, qh_t, d_t, x4_t, xs_t, xd_t = sig.args[:6]
         qs = context.make_array(qs_t)(context, builder, args[0])
-        d = context.make_array(d_t)(context, builder, args[1])
-        x4 = context.make_array(x4_t)(context, builder, args[2])
-        xs = context.make_array(xs_t)(context, builder, args[3])
-        xd = context.make_array(xd_t)(context, builder, args[4])
-        out = context.make_array(sig.args[7])(context, builder, args[7])
+        qh = context.make_array(qh_t)(context, builder, args[1])
+        d = context.make_array(d_t)(context, builder, args[2])
+        x4 = context.make_array(x4_t)(context, builder, args[3])
+        xs = context.make_array(xs_t)(context, builder, args[4])
+        xd = context.make_array(xd_t)(context, builder, args[5])
+        out = context.make_array(sig.args[8])(context, builder, args[8])
+        args = args[1:]  # g, c at 5, 6 as before
         i64 = ir.IntType(64)
         g, c = builder.sext(args[5], i64) if args[5].type != i64 else args[5], args[6]
         c = builder.sext(c, i64) if c.type != i64 else c
@@ -88,13 +99,15 @@ def _chunk_codegen(kind):
         row0 = builder.mul(c, ir.Constant(i64, CHUNK))
         zero = ir.Constant(_V16F, None)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(9)]  # 8 lanes + Q4_1's min sum
-        off_mul = 128 if kind == 8 else (8 if kind == 2 else 0)
+        off_mul = {8: 128, 2: 8, 6: 16}.get(kind, 0)
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
             dx = builder.load(builder.gep(xd.data, [builder.mul(b, ir.Constant(i64, 2))]))
             scale = _scale(builder, d.data, d_base, dx)
+            if kind in (6, 7):  # the block's 32 fifth bits, one u32 per row
+                bits = _load16(builder, qh.data, builder.add(builder.mul(gb, R), row0), _V16I)
             for j in range(8):
                 w = j if kind == 8 else j % 4
                 words = _load16(builder, qs.data, builder.add(builder.mul(builder.add(builder.mul(gb, n_words),
@@ -107,6 +120,8 @@ def _chunk_codegen(kind):
                 else:
                     codes = builder.and_(builder.lshr(words, ir.Constant(_V16I, [4] * 16)),
                                          ir.Constant(_V16I, [0x0F0F0F0F] * 16))
+                if kind in (6, 7):
+                    codes = builder.or_(codes, _fifth_bits(builder, bits, 4 * j if j < 4 else 16 + 4 * (j - 4)))
                 xi = builder.add(builder.mul(b, ir.Constant(i64, 8)), ir.Constant(i64, j))
                 lane = _dpbusd(builder, codes, _splat(builder, builder.load(builder.gep(x4.data, [xi])), _V16I))
                 if off_mul:
@@ -115,7 +130,7 @@ def _chunk_codegen(kind):
                     lane = builder.sub(lane, _splat(builder, builder.mul(xsum, ir.Constant(_I32, off_mul)), _V16I))
                 acc = builder.load(accs[j])
                 builder.store(_fma16(builder, scale, builder.sitofp(lane, _V16F), acc), accs[j])
-            if kind == 3:
+            if kind in (3, 7):
                 sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
                                                                      ir.Constant(i64, 1))]))
                 mins = _scale(builder, d.data, builder.add(d_base, R), sx)
@@ -124,7 +139,7 @@ def _chunk_codegen(kind):
         s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
         s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
         total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
-        if kind == 3:
+        if kind in (3, 7):
             total = builder.fadd(total, a[8])
         out_index = builder.add(builder.mul(g, R), row0)
         ptr = builder.bitcast(builder.gep(out.data, [out_index]), _V16F.as_pointer())
@@ -136,8 +151,8 @@ def _chunk_codegen(kind):
 
 def _chunk_intrinsic(kind):
     @intrinsic
-    def chunk(typingctx, qs, d, xq4, xsum, xd, g, c, out):
-        return types.void(qs, d, xq4, xsum, xd, g, c, out), _chunk_codegen(kind)
+    def chunk(typingctx, qs, qh, d, xq4, xsum, xd, g, c, out):
+        return types.void(qs, qh, d, xq4, xsum, xd, g, c, out), _chunk_codegen(kind)
 
     return chunk
 
@@ -145,17 +160,23 @@ def _chunk_intrinsic(kind):
 _q8_0_chunk = _chunk_intrinsic(8)
 _q4_0_chunk = _chunk_intrinsic(2)
 _q4_1_chunk = _chunk_intrinsic(3)
+_q5_0_chunk = _chunk_intrinsic(6)
+_q5_1_chunk = _chunk_intrinsic(7)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps
-def vnni_chunks(kind, qs, d, xq4, xsum, xd, out_pad):
+def vnni_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     # every 16-row chunk of every group: out_pad f32[G * R] (R a multiple of 16)
     per_group = qs.shape[3] // CHUNK
     for g in nb.prange(qs.shape[0]):  # a group's chunks on one thread: its memory is one stream
         for c in range(per_group):
             if kind == 8:
-                _q8_0_chunk(qs, d, xq4, xsum, xd, g, c, out_pad)
+                _q8_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
             elif kind == 2:
-                _q4_0_chunk(qs, d, xq4, xsum, xd, g, c, out_pad)
+                _q4_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            elif kind == 3:
+                _q4_1_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            elif kind == 6:
+                _q5_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
             else:
-                _q4_1_chunk(qs, d, xq4, xsum, xd, g, c, out_pad)
+                _q5_1_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
