@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
 from .fp16 import f16_to_f32, round_f16
@@ -114,6 +117,52 @@ def dot_f16(q, k_row, acc, one_register):
     return _reduce16(acc)
 
 
+_F32 = ir.FloatType()
+_V16F, _V16S = ir.VectorType(_F32, 16), ir.VectorType(ir.IntType(16), 16)
+
+
+@intrinsic
+def _dot_f16_4reg(typingctx, q, k_row):
+    # ggml_vec_dot_f16 as one query's decode runs it, for hd a multiple of 64, written in
+    # LLVM IR so the four 16-lane accumulators stay in registers: element 64c + 16j + l
+    # FMA-accumulates in lane l of register j; then (r0 + r2) + (r1 + r3) and
+    # _mm512_reduce_add_ps's tree (lanes i + i+8, i + i+4, then (0+2) + (1+3)).
+    def codegen(context, builder, sig, args):
+        qa = context.make_array(sig.args[0])(context, builder, args[0])
+        ka = context.make_array(sig.args[1])(context, builder, args[1])
+        i64 = ir.IntType(64)
+        n_chunks = builder.udiv(cgutils.unpack_tuple(builder, qa.shape, 1)[0], ir.Constant(i64, 64))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, None)) for _ in range(4)]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
+        with cgutils.for_range(builder, n_chunks) as loop:
+            for j in range(4):
+                at = builder.add(builder.mul(loop.index, ir.Constant(i64, 64)), ir.Constant(i64, 16 * j))
+                qv = builder.load(builder.bitcast(builder.gep(qa.data, [at]), _V16F.as_pointer()), align=4)
+                kh = builder.load(builder.bitcast(builder.gep(ka.data, [at]), _V16S.as_pointer()), align=2)
+                kv = builder.fpext(builder.bitcast(kh, ir.VectorType(ir.HalfType(), 16)), _V16F)
+                builder.store(builder.call(fma, [qv, kv, builder.load(accs[j])]), accs[j])
+        r = [builder.load(a) for a in accs]
+        v = builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
+        undef = ir.Constant(_V16F, ir.Undefined)
+
+        def half(vec, lo, n):
+            return builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(ir.IntType(32), n),
+                                                                    list(range(lo, lo + n))))
+        v8 = builder.fadd(half(v, 8, 8), half(v, 0, 8))
+        undef = ir.Constant(ir.VectorType(_F32, 8), ir.Undefined)
+        v4 = builder.fadd(builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [4, 5, 6, 7])),
+                          builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [0, 1, 2, 3])))
+        e = [builder.extract_element(v4, ir.Constant(ir.IntType(32), i)) for i in range(4)]
+        return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+
+    return types.float32(q, k_row), codegen
+
+
+@nb.njit(**EXACT_FLAGS)  # its own function: a fast-math caller must not reorder the sums
+def dot_f16_4reg(q, k_row):
+    return _dot_f16_4reg(q, k_row)
+
+
 @nb.njit(**PARALLEL_FLAGS)
 def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, pv, out):
     # q: f32[n, n_heads, hd_k] (rounded to f16 in place); q_pos: i32[n]
@@ -126,6 +175,7 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
     one_register = n > 1
     hd_v = v_cache.shape[2]
     group = n_heads // k_cache.shape[0]
+    fast_dot = not one_register and hd_k % 64 == 0
     for job in nb.prange(n * n_heads):
         t, h = job // n_heads, job % n_heads
         kvh, qp = h // group, q_pos[t]
@@ -139,7 +189,10 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
             if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
                 continue
-            row[s] = dot_f16(q[t, h], k_cache[kvh, s], dot_acc, one_register) * scale
+            if fast_dot:
+                row[s] = dot_f16_4reg(q[t, h], k_cache[kvh, s]) * scale
+            else:
+                row[s] = dot_f16(q[t, h], k_cache[kvh, s], dot_acc, one_register) * scale
             m = max(m, row[s])
         denom = softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
