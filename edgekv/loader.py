@@ -14,6 +14,7 @@ import time
 from .catalog import resolve_model
 from .chat_format import ChatFormatter
 from .gguf import GGUFFile
+from .kernels.config import kernels_cached
 from .models import build_model
 from .session import Session
 from .tokenizer import Tokenizer
@@ -26,6 +27,8 @@ class Model:
 
     def __init__(self, path: str | os.PathLike):
         t0 = time.perf_counter()
+        if not kernels_cached():
+            log.warning("compiling kernels for this CPU, once per install (up to a minute)")
         self.path = str(path)
         self.gguf = GGUFFile(self.path)
         self.network = build_model(self.gguf)

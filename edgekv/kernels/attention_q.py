@@ -16,36 +16,125 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .attention import softmax_numerators, visible
 from .config import JIT_FLAGS, PARALLEL_FLAGS
-from .dequant import dequant_row, half_at
+from .dequant import dequant_row
 
-F32 = np.float32
-I32 = np.int32
+
+
+_I32, _F32 = ir.IntType(32), ir.FloatType()
+_V16F = ir.VectorType(_F32, 16)
+
+
+def _block_codes(builder, src, offset, ggml_type):
+    """The 32 codes of a Q8_0 / Q4_0 block at byte offset (after its f16 scale) as two
+    float vectors (values 0-15, 16-31), Q4_0's -8 applied."""
+    i8 = ir.IntType(8)
+    if ggml_type == 8:
+        raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 32).as_pointer()), align=1)
+        wide = builder.sitofp(raw, ir.VectorType(_F32, 32))
+        lo = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+        hi = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(_I32, 16), list(range(16, 32))))
+        return lo, hi
+    raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 16).as_pointer()), align=1)
+    wide = builder.zext(raw, ir.VectorType(_I32, 16))
+    eight = ir.Constant(ir.VectorType(_I32, 16), [8] * 16)
+    lo = builder.sub(builder.and_(wide, ir.Constant(ir.VectorType(_I32, 16), [15] * 16)), eight)
+    hi = builder.sub(builder.lshr(wide, ir.Constant(ir.VectorType(_I32, 16), [4] * 16)), eight)
+    return builder.sitofp(lo, _V16F), builder.sitofp(hi, _V16F)
+
+
+def _block_scale(builder, src, offset):
+    # the f16 scale at byte offset, as float32
+    bits = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.IntType(16).as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
+
+
+def _splat(builder, value):
+    undef = ir.Constant(_V16F, ir.Undefined)
+    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
+def _fma16(builder):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
+
+
+def _row_intrinsic(ggml_type, block_bytes):
+    @intrinsic
+    def dot(typingctx, x, src):
+        # x . (a Q8_0 / Q4_0 cache row read in place); float32, any summation order
+        def codegen(context, builder, sig, args):
+            xa = context.make_array(sig.args[0])(context, builder, args[0])
+            sa = context.make_array(sig.args[1])(context, builder, args[1])
+            i64 = ir.IntType(64)
+            n_blocks = builder.udiv(cgutils.unpack_tuple(builder, xa.shape, 1)[0], ir.Constant(i64, 32))
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F, None))
+            fma = _fma16(builder)
+            with cgutils.for_range(builder, n_blocks) as loop:
+                o = builder.mul(loop.index, ir.Constant(i64, block_bytes))
+                d = _splat(builder, _block_scale(builder, sa.data, o))
+                lo, hi = _block_codes(builder, sa.data, builder.add(o, ir.Constant(i64, 2)), ggml_type)
+                at = builder.mul(loop.index, ir.Constant(i64, 32))
+                for half, codes in ((0, lo), (16, hi)):
+                    xp = builder.gep(xa.data, [builder.add(at, ir.Constant(i64, half))])
+                    xv = builder.load(builder.bitcast(xp, _V16F.as_pointer()), align=4)
+                    builder.store(builder.call(fma, [builder.fmul(xv, d), codes, builder.load(acc)]), acc)
+            v, width = builder.load(acc), 16
+            while width > 1:  # halving tree: log2(16) dependent adds, not 15
+                width //= 2
+                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
+                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width),
+                                                              list(range(width, 2 * width))))
+                v = builder.fadd(lo, hi)
+            return builder.extract_element(v, ir.Constant(_I32, 0))
+
+        return types.float32(x, src), codegen
+
+    @intrinsic
+    def add(typingctx, acc, w, src):
+        # acc += w * (the cache row, read in place)
+        def codegen(context, builder, sig, args):
+            aa = context.make_array(sig.args[0])(context, builder, args[0])
+            sa = context.make_array(sig.args[2])(context, builder, args[2])
+            i64 = ir.IntType(64)
+            n_blocks = builder.udiv(cgutils.unpack_tuple(builder, aa.shape, 1)[0], ir.Constant(i64, 32))
+            fma = _fma16(builder)
+            with cgutils.for_range(builder, n_blocks) as loop:
+                o = builder.mul(loop.index, ir.Constant(i64, block_bytes))
+                wd = _splat(builder, builder.fmul(args[1], _block_scale(builder, sa.data, o)))
+                lo, hi = _block_codes(builder, sa.data, builder.add(o, ir.Constant(i64, 2)), ggml_type)
+                at = builder.mul(loop.index, ir.Constant(i64, 32))
+                for half, codes in ((0, lo), (16, hi)):
+                    ap = builder.bitcast(builder.gep(aa.data, [builder.add(at, ir.Constant(i64, half))]),
+                                         _V16F.as_pointer())
+                    builder.store(builder.call(fma, [wd, codes, builder.load(ap, align=4)]), ap, align=4)
+            return context.get_dummy_value()
+
+        return types.void(acc, types.float32, src), codegen
+
+    return dot, add
+
+
+_dot_q8_0, _add_q8_0 = _row_intrinsic(8, 34)
+_dot_q4_0, _add_q4_0 = _row_intrinsic(2, 18)
 
 
 @nb.njit(**JIT_FLAGS)
 def dot_row(src, ggml_type, x, scratch):
-    # x . (cache row src dequantized); Q8_0 and Q4_0 are read in place, block by block,
+    # x . (cache row src dequantized); Q8_0 and Q4_0 are read in place (LLVM IR above),
     # other types go through scratch: f32[len(x)]
-    n = x.shape[0]
-    total = np.float32(0.0)
-    if ggml_type == 8 or ggml_type == 2:
-        bs = 34 if ggml_type == 8 else 18
-        for b in range(n // 32):
-            o, part = bs * b, np.float32(0.0)
-            if ggml_type == 8:
-                for j in range(32):
-                    part += x[32 * b + j] * F32(np.int8(src[o + 2 + j]))
-            else:
-                for j in range(16):
-                    c = I32(src[o + 2 + j])
-                    part += x[32 * b + j] * F32(I32(c & 15) - 8) + x[32 * b + 16 + j] * F32(I32(c >> 4) - 8)
-            total += part * half_at(src, o)
-        return total
+    if ggml_type == 8:
+        return _dot_q8_0(x, src)
+    if ggml_type == 2:
+        return _dot_q4_0(x, src)
     dequant_row(src, ggml_type, scratch)
-    for i in range(n):
+    total = np.float32(0.0)
+    for i in range(x.shape[0]):
         total += x[i] * scratch[i]
     return total
 
@@ -53,24 +142,14 @@ def dot_row(src, ggml_type, x, scratch):
 @nb.njit(**JIT_FLAGS)
 def add_row(src, ggml_type, w, acc, scratch):
     # acc += w * (cache row src dequantized), Q8_0 and Q4_0 in place (see dot_row)
-    n = acc.shape[0]
-    if ggml_type == 8 or ggml_type == 2:
-        bs = 34 if ggml_type == 8 else 18
-        for b in range(n // 32):
-            o = bs * b
-            wd = w * half_at(src, o)
-            if ggml_type == 8:
-                for j in range(32):
-                    acc[32 * b + j] += wd * F32(np.int8(src[o + 2 + j]))
-            else:
-                for j in range(16):
-                    c = I32(src[o + 2 + j])
-                    acc[32 * b + j] += wd * F32(I32(c & 15) - 8)
-                    acc[32 * b + 16 + j] += wd * F32(I32(c >> 4) - 8)
-        return
-    dequant_row(src, ggml_type, scratch)
-    for i in range(n):
-        acc[i] += w * scratch[i]
+    if ggml_type == 8:
+        _add_q8_0(acc, np.float32(w), src)
+    elif ggml_type == 2:
+        _add_q4_0(acc, np.float32(w), src)
+    else:
+        dequant_row(src, ggml_type, scratch)
+        for i in range(acc.shape[0]):
+            acc[i] += w * scratch[i]
 
 
 @nb.njit(**PARALLEL_FLAGS)

@@ -71,6 +71,12 @@ def purge_stale_cache(package: Path = _PACKAGE, stamp: Path = _STAMP) -> bool:
 if CACHE:
     purge_stale_cache()
 
+
+def kernels_cached(package: Path = _PACKAGE) -> bool:
+    """Whether compiled decode kernels are cached for this install (False: the first model
+    run compiles them, which takes up to a minute)."""
+    return CACHE and any((package / "kernels" / "__pycache__").glob("matvec.matvec_*.nbi"))
+
 # fast-math minus the two flags that would let LLVM assume inputs are finite
 SAFE_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
