@@ -113,6 +113,23 @@ class _Cursor:
 class GGUFFile:
     """A GGUF file opened read-only through a memory map."""
 
+    def release_pages(self, view: np.ndarray | None = None) -> None:
+        """Drop the file's pages under `view` (a tensor's data or a slice of it; None: the
+        whole file) from this process's resident memory. The OS keeps them in its page
+        cache, and reading them again faults them back in, so this only lowers the peak
+        memory of callers that have copied what they need (weights repacked at load)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        if view is None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+            return
+        base = np.frombuffer(self._map, np.uint8, count=1).ctypes.data
+        start = view.ctypes.data - base
+        end = start + view.nbytes
+        if 0 <= start <= end <= len(self._map):
+            start -= start % mmap.PAGESIZE  # whole pages; a neighbour's page is merely re-read
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):

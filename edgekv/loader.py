@@ -36,6 +36,7 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
         self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
         self.name = str(self.gguf.get("general.name", os.path.basename(self.path)))
+        self.gguf.release_pages()  # the weights were copied into the kernels' layout
         log.info("loaded %s (%s, %d layers) in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
                  time.perf_counter() - t0)
 

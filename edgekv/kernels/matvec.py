@@ -170,7 +170,7 @@ class QuantMatrix:
     """
 
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int | None = None,
-                 use_vnni: bool = True):
+                 use_vnni: bool = True, release=None):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
         vnni = HAS_VNNI and use_vnni and q.ggml_type in VNNI_TYPES
         if lanes is None:  # the VNNI kernels read 16-row groups: each group is then one contiguous stream
@@ -183,7 +183,7 @@ class QuantMatrix:
         self.quant = q
         self.ggml_type = q.ggml_type
         self.n_rows, self.n_cols = int(n_rows), int(n_cols)
-        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.type_size, lanes)
+        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.type_size, lanes, release)
         self.lanes = lanes
         self.nbytes = self._p.nbytes
         self._act_kind = {"q8_0": 1, "q8_1": 1, "q8_K": 2}.get(q.act, 0)

@@ -95,11 +95,13 @@ def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) ->
     return fields
 
 
-def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size: int, lanes: int) -> Packed:
+def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size: int, lanes: int,
+           release=None) -> Packed:
     """The file bytes of an [n_rows, n_cols] weight -> lane layout (validated by the caller).
 
     Works through CHUNK_BYTES of the file at a time, so loading needs the repacked
-    weight plus a few MB, not several copies of the largest tensor.
+    weight plus a few MB, not several copies of the largest tensor; `release(rows)`, when
+    given, is called with each chunk of raw rows once it is copied (GGUFFile.release_pages).
     """
     raw = np.asarray(raw, np.uint8).reshape(n_rows, -1)
     n_groups = -(-n_rows // lanes)
@@ -110,6 +112,8 @@ def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size:
         rows = np.zeros(((g1 - g0) * lanes, raw.shape[1]), np.uint8)  # zero rows pad the last group
         part = raw[g0 * lanes:g1 * lanes]
         rows[:part.shape[0]] = part
+        if release is not None:
+            release(part)
         for name, field in row_fields(rows, ggml_type, n_cols, type_size).items():
             _, nb, x = field.shape
             if name not in out:

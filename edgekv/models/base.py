@@ -130,7 +130,8 @@ class WeightLoader:
     def matrix(self, name: str, n_cols: int, n_rows: int) -> QuantMatrix:
         """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
         info = self._info(name, (n_cols, n_rows))
-        return QuantMatrix(info.data, info.ggml_type, n_rows, n_cols)
+        # the file pages go as soon as each piece is repacked: peak memory ~ the repacked weights
+        return QuantMatrix(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages)
 
     def embeddings_and_output(self, hp: HParams) -> tuple[QuantMatrix, np.ndarray, QuantMatrix]:
         """token_embd, output_norm and output; output is the embedding when the GGUF has

@@ -1,0 +1,169 @@
+"""The machine-specific fast paths against the portable kernels they replace.
+
+The LLVM-IR kernels (kernels/vnni.py, the f16 dot in attention.py, the in-place
+Q8_0/Q4_0 cache rows in attention_q.py) and the intrinsics (kernels/intrinsics.py) exist
+for speed only; the exact ones must give the same bits as the portable Numba code (which
+test_reference_models holds to llama.cpp), the quantized-cache ones the same values up to
+float32 summation order. Tests of a path the CPU lacks are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_quants import random_rows
+
+from edgekv.kernels import attention as att
+from edgekv.kernels import attention_q as attq
+from edgekv.kernels import fp16
+from edgekv.kernels.config import kernels_cached
+from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV
+from edgekv.kernels.intrinsics import fma
+from edgekv.kernels.matvec import QuantMatrix
+from edgekv.kernels.quantize import quantize_rows
+from edgekv.kernels.vnni import HAS_VNNI, VNNI_TYPES
+
+import numba as nb
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("ggml_type", VNNI_TYPES, ids=lambda t: T(t).name)
+def test_vnni_matvec_has_the_portable_kernels_bits(ggml_type):
+    rng = np.random.default_rng(ggml_type)
+    n_rows, n_cols = 200, 1024  # 200: a padded last group in both layouts
+    raw = random_rows(ggml_type, n_rows, n_cols, rng)
+    fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=False)
+    assert fast.lanes == 16 and portable.lanes == 64
+    for scale in (1.0, 1e-3, 50.0):
+        x = (rng.standard_normal(n_cols) * scale).astype(np.float32)
+        x[64:96] = 0  # a zero activation block
+        a, b = np.zeros(n_rows, np.float32), np.zeros(n_rows, np.float32)
+        fast.matvec(x, a)
+        portable.matvec(x, b)
+        assert same_bits(a, b)
+    rows = np.zeros((3, n_cols), np.float32), np.zeros((3, n_cols), np.float32)
+    fast.rows(np.array([0, 17, 199]), rows[0])
+    portable.rows(np.array([0, 17, 199]), rows[1])
+    assert same_bits(*rows)
+
+
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q6_K), int(T.Q5_0)], ids=lambda t: T(t).name)
+def test_lane_count_does_not_change_a_bit(ggml_type):
+    # 16-row groups (the VNNI layout) and 64-row groups through the portable kernels
+    rng = np.random.default_rng(7)
+    raw = random_rows(ggml_type, 100, 512, rng)
+    x = rng.standard_normal(512).astype(np.float32)
+    outs = []
+    for lanes in (16, 64):
+        m = QuantMatrix(raw, ggml_type, 100, 512, lanes=lanes, use_vnni=False)
+        for order in (ORDER_GEMV, ORDER_GEMM):
+            out = np.zeros(100, np.float32)
+            m.matvec(x, out, order)
+            outs.append(out)
+    assert same_bits(outs[0], outs[2]) and same_bits(outs[1], outs[3])
+
+
+def test_half_conversions_match_the_integer_formulation():
+    halves = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    halves = halves[(halves & 0x7C00) != 0x7C00]  # NaNs aside (an instruction quiets signalling ones)
+    fast, soft = np.zeros(halves.size, np.float32), np.zeros(halves.size, np.float32)
+    _convert(halves, fast, soft)
+    assert same_bits(fast, soft)
+    assert same_bits(soft, halves.view(np.float16).astype(np.float32))
+    x = np.random.default_rng(0).standard_normal(200_000).astype(np.float32) * np.float32(3e4)
+    x = np.concatenate([x, soft, np.float32([65519.99, 65520.0, 6e-8, 3e-8, -0.0])])
+    a, b = np.zeros(x.size, np.uint16), np.zeros(x.size, np.uint16)
+    _round(x, a, b)
+    with np.errstate(over="ignore"):  # NumPy's own cast as the third opinion; beyond 65504 it is inf too
+        assert np.array_equal(a, b) and np.array_equal(a, x.astype(np.float16).view(np.uint16))
+
+
+@nb.njit
+def _convert(h, fast, soft):
+    for i in range(h.size):
+        fast[i] = fp16.f16_to_f32(h[i])
+        soft[i] = fp16.f16_to_f32_soft(h[i])
+
+
+@nb.njit
+def _round(x, fast, soft):
+    for i in range(x.size):
+        fast[i] = fp16.f32_to_f16(x[i])
+        soft[i] = fp16.f32_to_f16_soft(x[i])
+
+
+@nb.njit
+def _fmas(a, b, c, out):
+    for i in range(a.size):
+        out[i] = fma(a[i], b[i], c[i])
+
+
+def test_fma_rounds_once():
+    # a*b + c with a*b exact in float64; where float64's sum is itself exact, one rounding
+    # to float32 is the true FMA, so both must agree; and the classic case where a separate
+    # multiply loses the low bits: (1 + 2^-12)^2 - (1 + 2^-11) = 2^-24
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 100_000)).astype(np.float32)
+    c = rng.standard_normal(100_000).astype(np.float32)
+    out = np.zeros_like(a)
+    _fmas(a, b, c, out)
+    ref = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert np.mean(out == ref) > 0.9999
+    e = np.float32(1 + 2.0**-12)
+    one = np.zeros(1, np.float32)
+    _fmas(np.array([e]), np.array([e]), np.array([-(1 + 2.0**-11)], np.float32), one)
+    assert one[0] == np.float32(2.0**-24)
+
+
+@pytest.mark.parametrize("hd", [64, 256])
+def test_ir_f16_dot_has_the_portable_bits(hd):
+    rng = np.random.default_rng(hd)
+    acc = np.zeros(64, np.float32)
+    for _ in range(200):
+        q = rng.standard_normal(hd).astype(np.float16).astype(np.float32)
+        k = (rng.standard_normal(hd) * rng.uniform(0.01, 100)).astype(np.float16).view(np.uint16)
+        assert same_bits(att.dot_f16_4reg(q, k), att.dot_f16(q, k, acc, False))
+
+
+@pytest.mark.parametrize("name, ggml_type", [("q8_0", 8), ("q4_0", 2)])
+def test_in_place_cache_rows_against_dequantized_ones(name, ggml_type):
+    rng = np.random.default_rng(ggml_type)
+    hd = 128
+    rows = rng.standard_normal((20, hd)).astype(np.float32)
+    q = np.zeros((20, 34 * hd // 32 if ggml_type == 8 else 18 * hd // 32), np.uint8)
+    quantize_rows(rows, ggml_type, q)
+    deq = np.zeros((20, hd), np.float32)
+    attq.dequant_rows(q, ggml_type, deq)
+    x = rng.standard_normal(hd).astype(np.float32)
+    scratch = np.zeros(hd, np.float32)
+    for r in range(20):
+        want = float(deq[r].astype(np.float64) @ x)
+        assert abs(attq.dot_row(q[r], ggml_type, x, scratch) - want) <= 1e-5 * np.abs(deq[r] * x).sum()
+        acc = np.ones(hd, np.float32)
+        attq.add_row(q[r], ggml_type, np.float32(0.5), acc, scratch)
+        np.testing.assert_allclose(acc, 1 + 0.5 * deq[r].astype(np.float64), rtol=1e-6, atol=1e-6)
+
+
+def test_released_file_pages_read_back_the_same(smollm2_path):
+    from edgekv.gguf import GGUFFile
+
+    g = GGUFFile(smollm2_path)
+    info = g.tensor("blk.0.attn_q.weight")
+    before = np.array(info.data[:4096])
+    g.release_pages(info.data[:4096])
+    g.release_pages()
+    assert np.array_equal(info.data[:4096], before)
+
+
+def test_kernels_cached_looks_for_compiled_matvec_kernels(tmp_path):
+    cache = tmp_path / "kernels" / "__pycache__"
+    cache.mkdir(parents=True)
+    assert not kernels_cached(tmp_path)
+    (cache / "matvec.matvec_lanes-99.py311.nbi").write_bytes(b"")
+    assert kernels_cached(tmp_path) == bool(__import__("edgekv.kernels.config").kernels.config.CACHE)
