@@ -142,16 +142,19 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
     n_rows, n_cols = 300, 512
     raw, W, m = make_weight(ggml_type, n_rows, n_cols, seed=7 + ggml_type)
     rng = np.random.default_rng(3)
-    for n_tok in (2, BLAS_MIN_TOKENS + 1):  # one matvec per token; dequantized tiles + BLAS
-        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
-        out = np.full((n_tok, n_rows), np.nan, np.float32)
-        m.matmul(x, out)
-        ref = x.astype(np.float64) @ W.T
-        if n_tok < BLAS_MIN_TOKENS:
-            bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type)) for t in range(n_tok)])
-        else:
-            bound = n_cols * F32_SUM * (np.abs(x.astype(np.float64)) @ np.abs(W).T)
-        assert np.all(np.abs(out - ref) <= bound), f"n_tok={n_tok}"
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=False)  # the BLAS path on every CPU
+    for mat in (m, portable):
+        for n_tok in (2, BLAS_MIN_TOKENS + 1):  # one matvec per token; a chunk product
+            x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+            out = np.full((n_tok, n_rows), np.nan, np.float32)
+            mat.matmul(x, out)
+            ref = x.astype(np.float64) @ W.T
+            if n_tok < BLAS_MIN_TOKENS or mat.uses_vnni:  # q8 activations: their rounding bound
+                bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type))
+                                  for t in range(n_tok)])
+            else:  # dequantized tiles + BLAS: float32 accumulation only
+                bound = n_cols * F32_SUM * (np.abs(x.astype(np.float64)) @ np.abs(W).T)
+            assert np.all(np.abs(out - ref) <= bound), f"n_tok={n_tok}"
     ids = np.array([299, 0, 64, 63, 64, 257, 5])  # group edges, the padded last group, a repeat
     rows = np.zeros((ids.size, n_cols), np.float32)
     m.rows(ids, rows)
@@ -159,7 +162,8 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
 
 
 def test_matmul_writes_into_strided_batches_of_a_scratch():
-    _, W, m = make_weight(int(T.Q4_0), 128, 256, seed=1)
+    raw, W, _ = make_weight(int(T.Q4_0), 128, 256, seed=1)
+    m = QuantMatrix(raw, int(T.Q4_0), 128, 256, use_vnni=False)  # the BLAS path
     n = BLAS_MIN_TOKENS + 4
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 128), np.float32)
@@ -168,6 +172,21 @@ def test_matmul_writes_into_strided_batches_of_a_scratch():
     bound = 256 * F32_SUM * (np.abs(scratch_x[:n].astype(np.float64)) @ np.abs(W).T)
     assert np.all(np.abs(scratch_out[:n] - ref) <= bound)
     assert not scratch_out[n:].any()
+
+
+def test_vnni_matmul_writes_only_its_rows_and_agrees_with_matvec():
+    raw, _, m = make_weight(int(T.Q4_0), 130, 256, seed=2)
+    if not m.uses_vnni:
+        pytest.skip("the CPU has no AVX512-VNNI")
+    n = BLAS_MIN_TOKENS + 3
+    scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
+    scratch_out = np.zeros((n + 4, 130), np.float32)
+    m.matmul(scratch_x[:n], scratch_out[:n])
+    assert not scratch_out[n:].any()
+    one = np.zeros(130, np.float32)
+    for t in (0, n - 1):  # same integer block sums as the matvec; only the float order differs
+        m.matvec(scratch_x[t], one)
+        np.testing.assert_allclose(scratch_out[t], one, rtol=1e-5, atol=1e-5 * np.abs(one).max())
 
 
 def test_bad_inputs_are_rejected_at_the_boundary():

@@ -36,6 +36,7 @@ from .dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
+from .gemm_vnni import gemm_chunks, quantize_acts
 from .vnni import CHUNK, HAS_VNNI, VNNI_TYPES, vnni_chunks
 from .unpack import unpack_group
 
@@ -145,11 +146,11 @@ def unpack_rows(kind, qs, qh, sc, d, w, ids, out):
 _scratch = threading.local()
 
 
-def _scratch_f32(name: str, n: int) -> np.ndarray:
-    """A float32 buffer of n values, reused by every matmul of this thread (grown when needed)."""
+def _scratch_f32(name: str, n: int, dtype=np.float32) -> np.ndarray:
+    """A buffer of n values, reused by every matmul of this thread (grown when needed)."""
     buf = getattr(_scratch, name, None)
-    if buf is None or buf.size < n:
-        buf = np.empty(max(n, 1), np.float32)
+    if buf is None or buf.size < n or buf.dtype != dtype:
+        buf = np.empty(max(n, 1), dtype)
         setattr(_scratch, name, buf)
     return buf[:n]
 
@@ -200,6 +201,11 @@ class QuantMatrix:
         self._out_pad = np.zeros(self._p.n_groups * lanes if self._vnni else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
+    @property
+    def uses_vnni(self) -> bool:
+        """Whether this weight runs on the AVX512-VNNI kernels (vnni.py, gemm_vnni.py)."""
+        return self._vnni
+
     def __repr__(self) -> str:
         return f"QuantMatrix({self.quant.name}, {self.n_rows} x {self.n_cols}, {self.nbytes} bytes)"
 
@@ -232,6 +238,16 @@ class QuantMatrix:
                 self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | tiled)
             return
         p, R = self._p, self.lanes
+        if self._vnni:  # integer GEMM on q8 activations (gemm_vnni.py)
+            nb_ = self.n_cols // 32
+            xq = _scratch_f32("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
+            xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
+            xsum = _scratch_f32("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
+            quantize_acts(x, xq, xd, xsum)
+            pad = _scratch_f32("gemm", n_tok * p.n_groups * R).reshape(n_tok, p.n_groups * R)
+            gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, pad)
+            out[:] = pad[:, :self.n_rows]
+            return
         per_tile = self._tile_cols // R
         tile = _scratch_f32("tile", self.n_cols * self._tile_cols).reshape(self.n_cols, self._tile_cols)
         for g0 in range(0, p.n_groups, per_tile):

@@ -1,0 +1,128 @@
+"""Prefill matrix products for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights on x86 CPUs with
+AVX512-VNNI: integer GEMM in LLVM IR.
+
+Why: a chunk of many tokens went through dequantized float32 weight tiles and BLAS,
+16 multiply-adds per SIMD instruction plus the cost of dequantizing every tile; here
+the activations of every token are quantized to q8 once (as for a matvec) and each
+`vpdpbusd` does 64 byte products. One call computes 16 rows x 8 tokens: the weight
+block's 8 code vectors are prepared once and used for all 8 tokens, whose float
+accumulators stay in registers.
+
+Arithmetic: per block, the 8 ggml lanes of a token are summed as integers (exact), then
+acc_t = fma(f32(d_w * d_x), float(sum), acc_t) (+ m_w * s_x for Q4_1/Q5_1). That is
+not llama.cpp's float order for a single token (vnni.py keeps that one): like the BLAS
+path it replaces, it is used only for chunks of config.BLAS_MIN_TOKENS tokens or more,
+which llama.cpp computes with its own, different, batched kernels.
+What does not live here: the per-token exact kernels (vnni.py), the layout (repack.py).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from . import activations as act
+from .config import EXACT_FLAGS
+from .vnni import CHUNK, OFFSETS, block_codes, dpbusd, fma16, scale16, splat
+
+TOKENS = 8  # tokens per call: 8 float accumulators + 8 code vectors fit in the 32 zmm registers
+_I32, _F32 = ir.IntType(32), ir.FloatType()
+_V16I, _V16F = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+
+
+def _gemm_codegen(kind):
+    """(qs, qh, d, xq4, xsum, xd, g, c, t0, out) -> out[t0:t0+8, g*R + 16c : +16]; tokens
+    past the end of xq4 are computed on the last token and not stored."""
+
+    def codegen(context, builder, sig, args):
+        arrays = [context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:6], args[:6])]
+        qs, qh, d, x4, xs, xd = arrays
+        out = context.make_array(sig.args[9])(context, builder, args[9])
+        i64 = ir.IntType(64)
+        g, c, t0 = (builder.sext(a, i64) if a.type != i64 else a for a in args[6:9])
+        _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
+        n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
+        n_tok = cgutils.unpack_tuple(builder, x4.shape, 3)[0]
+        out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
+        row0 = builder.mul(c, ir.Constant(i64, CHUNK))
+        last = builder.sub(n_tok, ir.Constant(i64, 1))
+        toks = []
+        for i in range(TOKENS):
+            t = builder.add(t0, ir.Constant(i64, i))
+            toks.append(builder.select(builder.icmp_signed("<", t, n_tok), t, last))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, None)) for _ in range(TOKENS)]
+        off_mul = OFFSETS.get(kind, 0)
+        with cgutils.for_range(builder, n_blocks) as loop:
+            b = loop.index
+            gb = builder.add(builder.mul(g, n_blocks), b)
+            d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
+            codes = block_codes(builder, kind, qs, qh, gb, n_words, R, row0)
+            for i, t in enumerate(toks):
+                tb = builder.add(builder.mul(t, n_blocks), b)
+                isum = None
+                for j in range(8):
+                    x = builder.load(builder.gep(x4.data, [builder.add(builder.mul(tb, ir.Constant(i64, 8)),
+                                                                        ir.Constant(i64, j))]))
+                    isum = dpbusd(builder, isum, codes[j], splat(builder, x, _V16I))
+                if off_mul:
+                    total = builder.load(builder.gep(xs.data, [builder.mul(tb, ir.Constant(i64, 16))]))
+                    isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(_I32, off_mul)), _V16I))
+                dx = builder.load(builder.gep(xd.data, [builder.mul(tb, ir.Constant(i64, 2))]))
+                acc = fma16(builder, scale16(builder, d.data, d_base, dx), builder.sitofp(isum, _V16F),
+                            builder.load(accs[i]))
+                if kind in (3, 7):
+                    sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(tb, ir.Constant(i64, 2)),
+                                                                         ir.Constant(i64, 1))]))
+                    acc = builder.fadd(acc, scale16(builder, d.data, builder.add(d_base, R), sx))
+                builder.store(acc, accs[i])
+        col = builder.add(builder.mul(g, R), row0)
+        for i in range(TOKENS):
+            t = builder.add(t0, ir.Constant(i64, i))
+            with builder.if_then(builder.icmp_signed("<", t, n_tok)):
+                at = builder.add(builder.mul(t, out_cols), col)
+                ptr = builder.bitcast(builder.gep(out.data, [at]), _V16F.as_pointer())
+                builder.store(builder.load(accs[i]), ptr, align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _gemm_intrinsic(kind):
+    @intrinsic
+    def gemm(typingctx, qs, qh, d, xq4, xsum, xd, g, c, t0, out):
+        return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), _gemm_codegen(kind)
+
+    return gemm
+
+
+_GEMM = {kind: _gemm_intrinsic(kind) for kind in (8, 2, 3, 6, 7)}
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_GEMM[k] for k in (8, 2, 3, 6, 7))
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def quantize_acts(x, xq, xd, xsum):
+    # every token's activations to q8 blocks: x f32[n, n_cols] -> xq i8[n, NB, 32], xd, xsum
+    for t in nb.prange(x.shape[0]):
+        act.quantize_act_q8(x[t], xq[t], xd[t], xsum[t])
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
+def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
+    # out_pad f32[n_tok, G * R] = x @ W^T for all 16-row chunks; a group's token tiles on one thread
+    per_group = qs.shape[3] // CHUNK
+    n_tok = xq4.shape[0]
+    for job in nb.prange(qs.shape[0] * per_group):
+        g, c = job // per_group, job % per_group
+        for t0 in range(0, n_tok, TOKENS):
+            if kind == 8:
+                _q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == 2:
+                _q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == 3:
+                _q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == 6:
+                _q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            else:
+                _q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
