@@ -244,6 +244,9 @@ class QuantMatrix:
             xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
             xsum = _scratch_f32("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
             quantize_acts(x, xq, xd, xsum)
+            if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
+                gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, out)
+                return
             pad = _scratch_f32("gemm", n_tok * p.n_groups * R).reshape(n_tok, p.n_groups * R)
             gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, pad)
             out[:] = pad[:, :self.n_rows]
