@@ -124,7 +124,7 @@ _dot_q8_0, _add_q8_0 = _row_intrinsic(8, 34)
 _dot_q4_0, _add_q4_0 = _row_intrinsic(2, 18)
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**dict(JIT_FLAGS, inline="always"))  # inlined: per-slot calls cost more than the work
 def dot_row(src, ggml_type, x, scratch):
     # x . (cache row src dequantized); Q8_0 and Q4_0 are read in place (LLVM IR above),
     # other types go through scratch: f32[len(x)]
@@ -139,7 +139,7 @@ def dot_row(src, ggml_type, x, scratch):
     return total
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**dict(JIT_FLAGS, inline="always"))
 def add_row(src, ggml_type, w, acc, scratch):
     # acc += w * (cache row src dequantized), Q8_0 and Q4_0 in place (see dot_row)
     if ggml_type == 8:
