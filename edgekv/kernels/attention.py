@@ -25,6 +25,7 @@ from numba.extending import intrinsic
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
 from .fp16 import f16_to_f32, round_f16
 from .intrinsics import fma
+from .irvec import FLOAT, V16F, V16S, fma16, halves_to_float
 from .ggml_math import v_expf
 
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -117,8 +118,6 @@ def dot_f16(q, k_row, acc, one_register):
     return _reduce16(acc)
 
 
-_F32 = ir.FloatType()
-_V16F, _V16S = ir.VectorType(_F32, 16), ir.VectorType(ir.IntType(16), 16)
 
 
 @intrinsic
@@ -132,24 +131,22 @@ def _dot_f16_4reg(typingctx, q, k_row):
         ka = context.make_array(sig.args[1])(context, builder, args[1])
         i64 = ir.IntType(64)
         n_chunks = builder.udiv(cgutils.unpack_tuple(builder, qa.shape, 1)[0], ir.Constant(i64, 64))
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, None)) for _ in range(4)]
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
         with cgutils.for_range(builder, n_chunks) as loop:
             for j in range(4):
                 at = builder.add(builder.mul(loop.index, ir.Constant(i64, 64)), ir.Constant(i64, 16 * j))
-                qv = builder.load(builder.bitcast(builder.gep(qa.data, [at]), _V16F.as_pointer()), align=4)
-                kh = builder.load(builder.bitcast(builder.gep(ka.data, [at]), _V16S.as_pointer()), align=2)
-                kv = builder.fpext(builder.bitcast(kh, ir.VectorType(ir.HalfType(), 16)), _V16F)
-                builder.store(builder.call(fma, [qv, kv, builder.load(accs[j])]), accs[j])
+                qv = builder.load(builder.bitcast(builder.gep(qa.data, [at]), V16F.as_pointer()), align=4)
+                kh = builder.load(builder.bitcast(builder.gep(ka.data, [at]), V16S.as_pointer()), align=2)
+                builder.store(fma16(builder, qv, halves_to_float(builder, kh), builder.load(accs[j])), accs[j])
         r = [builder.load(a) for a in accs]
         v = builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
-        undef = ir.Constant(_V16F, ir.Undefined)
+        undef = ir.Constant(V16F, ir.Undefined)
 
         def half(vec, lo, n):
             return builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(ir.IntType(32), n),
                                                                     list(range(lo, lo + n))))
         v8 = builder.fadd(half(v, 8, 8), half(v, 0, 8))
-        undef = ir.Constant(ir.VectorType(_F32, 8), ir.Undefined)
+        undef = ir.Constant(ir.VectorType(FLOAT, 8), ir.Undefined)
         v4 = builder.fadd(builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [4, 5, 6, 7])),
                           builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [0, 1, 2, 3])))
         e = [builder.extract_element(v4, ir.Constant(ir.IntType(32), i)) for i in range(4)]

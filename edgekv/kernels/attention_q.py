@@ -23,11 +23,10 @@ from numba.extending import intrinsic
 from .attention import softmax_numerators, visible
 from .config import JIT_FLAGS, PARALLEL_FLAGS
 from .dequant import dequant_row
+from .irvec import FLOAT, INT32, V16F, fma16, splat
 
 
 
-_I32, _F32 = ir.IntType(32), ir.FloatType()
-_V16F = ir.VectorType(_F32, 16)
 
 
 def _block_codes(builder, src, offset, ggml_type):
@@ -36,32 +35,22 @@ def _block_codes(builder, src, offset, ggml_type):
     i8 = ir.IntType(8)
     if ggml_type == 8:
         raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 32).as_pointer()), align=1)
-        wide = builder.sitofp(raw, ir.VectorType(_F32, 32))
-        lo = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
-        hi = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(_I32, 16), list(range(16, 32))))
+        wide = builder.sitofp(raw, ir.VectorType(FLOAT, 32))
+        lo = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(INT32, 16), list(range(16))))
+        hi = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(INT32, 16), list(range(16, 32))))
         return lo, hi
     raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 16).as_pointer()), align=1)
-    wide = builder.zext(raw, ir.VectorType(_I32, 16))
-    eight = ir.Constant(ir.VectorType(_I32, 16), [8] * 16)
-    lo = builder.sub(builder.and_(wide, ir.Constant(ir.VectorType(_I32, 16), [15] * 16)), eight)
-    hi = builder.sub(builder.lshr(wide, ir.Constant(ir.VectorType(_I32, 16), [4] * 16)), eight)
-    return builder.sitofp(lo, _V16F), builder.sitofp(hi, _V16F)
+    wide = builder.zext(raw, ir.VectorType(INT32, 16))
+    eight = ir.Constant(ir.VectorType(INT32, 16), [8] * 16)
+    lo = builder.sub(builder.and_(wide, ir.Constant(ir.VectorType(INT32, 16), [15] * 16)), eight)
+    hi = builder.sub(builder.lshr(wide, ir.Constant(ir.VectorType(INT32, 16), [4] * 16)), eight)
+    return builder.sitofp(lo, V16F), builder.sitofp(hi, V16F)
 
 
 def _block_scale(builder, src, offset):
     # the f16 scale at byte offset, as float32
     bits = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.IntType(16).as_pointer()), align=1)
-    return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
-
-
-def _splat(builder, value):
-    undef = ir.Constant(_V16F, ir.Undefined)
-    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-
-
-def _fma16(builder):
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3), "llvm.fma.v16f32")
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), FLOAT)
 
 
 def _row_intrinsic(ggml_type, block_bytes):
@@ -73,25 +62,24 @@ def _row_intrinsic(ggml_type, block_bytes):
             sa = context.make_array(sig.args[1])(context, builder, args[1])
             i64 = ir.IntType(64)
             n_blocks = builder.udiv(cgutils.unpack_tuple(builder, xa.shape, 1)[0], ir.Constant(i64, 32))
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F, None))
-            fma = _fma16(builder)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(V16F, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.mul(loop.index, ir.Constant(i64, block_bytes))
-                d = _splat(builder, _block_scale(builder, sa.data, o))
+                d = splat(builder, _block_scale(builder, sa.data, o))
                 lo, hi = _block_codes(builder, sa.data, builder.add(o, ir.Constant(i64, 2)), ggml_type)
                 at = builder.mul(loop.index, ir.Constant(i64, 32))
                 for half, codes in ((0, lo), (16, hi)):
                     xp = builder.gep(xa.data, [builder.add(at, ir.Constant(i64, half))])
-                    xv = builder.load(builder.bitcast(xp, _V16F.as_pointer()), align=4)
-                    builder.store(builder.call(fma, [builder.fmul(xv, d), codes, builder.load(acc)]), acc)
+                    xv = builder.load(builder.bitcast(xp, V16F.as_pointer()), align=4)
+                    builder.store(fma16(builder, builder.fmul(xv, d), codes, builder.load(acc)), acc)
             v, width = builder.load(acc), 16
             while width > 1:  # halving tree: log2(16) dependent adds, not 15
                 width //= 2
-                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width), list(range(width))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, width),
+                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(INT32, width), list(range(width))))
+                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(INT32, width),
                                                               list(range(width, 2 * width))))
                 v = builder.fadd(lo, hi)
-            return builder.extract_element(v, ir.Constant(_I32, 0))
+            return builder.extract_element(v, ir.Constant(INT32, 0))
 
         return types.float32(x, src), codegen
 
@@ -103,16 +91,15 @@ def _row_intrinsic(ggml_type, block_bytes):
             sa = context.make_array(sig.args[2])(context, builder, args[2])
             i64 = ir.IntType(64)
             n_blocks = builder.udiv(cgutils.unpack_tuple(builder, aa.shape, 1)[0], ir.Constant(i64, 32))
-            fma = _fma16(builder)
             with cgutils.for_range(builder, n_blocks) as loop:
                 o = builder.mul(loop.index, ir.Constant(i64, block_bytes))
-                wd = _splat(builder, builder.fmul(args[1], _block_scale(builder, sa.data, o)))
+                wd = splat(builder, builder.fmul(args[1], _block_scale(builder, sa.data, o)))
                 lo, hi = _block_codes(builder, sa.data, builder.add(o, ir.Constant(i64, 2)), ggml_type)
                 at = builder.mul(loop.index, ir.Constant(i64, 32))
                 for half, codes in ((0, lo), (16, hi)):
                     ap = builder.bitcast(builder.gep(aa.data, [builder.add(at, ir.Constant(i64, half))]),
-                                         _V16F.as_pointer())
-                    builder.store(builder.call(fma, [wd, codes, builder.load(ap, align=4)]), ap, align=4)
+                                         V16F.as_pointer())
+                    builder.store(fma16(builder, wd, codes, builder.load(ap, align=4)), ap, align=4)
             return context.get_dummy_value()
 
         return types.void(acc, types.float32, src), codegen

@@ -25,11 +25,10 @@ from numba.extending import intrinsic
 
 from . import activations as act
 from .config import EXACT_FLAGS
-from .vnni import CHUNK, OFFSETS, block_codes, dpbusd, fma16, scale16, splat
+from .irvec import INT32, V16F, V16I, fma16, splat
+from .vnni import CHUNK, OFFSETS, block_codes, dpbusd, scale16
 
 TOKENS = 8  # tokens per call: 8 float accumulators + 8 code vectors fit in the 32 zmm registers
-_I32, _F32 = ir.IntType(32), ir.FloatType()
-_V16I, _V16F = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
 
 
 def _gemm_codegen(kind):
@@ -52,7 +51,7 @@ def _gemm_codegen(kind):
         for i in range(TOKENS):
             t = builder.add(t0, ir.Constant(i64, i))
             toks.append(builder.select(builder.icmp_signed("<", t, n_tok), t, last))
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, None)) for _ in range(TOKENS)]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(TOKENS)]
         off_mul = OFFSETS.get(kind, 0)
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
@@ -65,12 +64,12 @@ def _gemm_codegen(kind):
                 for j in range(8):
                     x = builder.load(builder.gep(x4.data, [builder.add(builder.mul(tb, ir.Constant(i64, 8)),
                                                                         ir.Constant(i64, j))]))
-                    isum = dpbusd(builder, isum, codes[j], splat(builder, x, _V16I))
+                    isum = dpbusd(builder, isum, codes[j], splat(builder, x, V16I))
                 if off_mul:
                     total = builder.load(builder.gep(xs.data, [builder.mul(tb, ir.Constant(i64, 16))]))
-                    isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(_I32, off_mul)), _V16I))
+                    isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(INT32, off_mul)), V16I))
                 dx = builder.load(builder.gep(xd.data, [builder.mul(tb, ir.Constant(i64, 2))]))
-                acc = fma16(builder, scale16(builder, d.data, d_base, dx), builder.sitofp(isum, _V16F),
+                acc = fma16(builder, scale16(builder, d.data, d_base, dx), builder.sitofp(isum, V16F),
                             builder.load(accs[i]))
                 if kind in (3, 7):
                     sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(tb, ir.Constant(i64, 2)),
@@ -82,7 +81,7 @@ def _gemm_codegen(kind):
             t = builder.add(t0, ir.Constant(i64, i))
             with builder.if_then(builder.icmp_signed("<", t, n_tok)):
                 at = builder.add(builder.mul(t, out_cols), col)
-                ptr = builder.bitcast(builder.gep(out.data, [at]), _V16F.as_pointer())
+                ptr = builder.bitcast(builder.gep(out.data, [at]), V16F.as_pointer())
                 builder.store(builder.load(accs[i]), ptr, align=4)
         return context.get_dummy_value()
 

@@ -30,39 +30,18 @@ from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
 from .intrinsics import host_has
+from .irvec import INT32, V16F, V16I, V16S, fma16, halves_to_float, load16, splat
 
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
 VNNI_TYPES = (8, 2, 3, 6, 7)  # ggml Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 CHUNK = 16  # rows per call: one zmm register of float32
 OFFSETS = {8: 128, 2: 8, 6: 16}  # what the codes fed to vpdpbusd exceed ggml's signed codes by
 
-_I32, _F32, _I16 = ir.IntType(32), ir.FloatType(), ir.IntType(16)
-_V16I, _V16F = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
-_V16S, _V16H = ir.VectorType(_I16, 16), ir.VectorType(ir.HalfType(), 16)
-
-
-def splat(builder, value, vtype):
-    undef = ir.Constant(vtype, ir.Undefined)
-    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-
-
-def load16(builder, data, index, vtype):
-    ptr = builder.gep(data, [index])
-    return builder.load(builder.bitcast(ptr, vtype.as_pointer()), align=2)
-
-
-def fma16(builder, a, b, c):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F, _V16F, _V16F]),
-                                        "llvm.fma.v16f32")
-    return builder.call(fn, [a, b, c])
-
-
 def dpbusd(builder, acc, words_u8, x4):
     # acc + per 32-bit lane the sum of 4 products (unsigned bytes of words_u8) x (signed bytes of x4)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16I, [_V16I, _V16I, _V16I]),
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
                                         "llvm.x86.avx512.vpdpbusd.512")
-    return builder.call(fn, [acc if acc is not None else ir.Constant(_V16I, None), words_u8, x4])
+    return builder.call(fn, [acc if acc is not None else ir.Constant(V16I, None), words_u8, x4])
 
 
 def block_codes(builder, kind, qs, qh, gb, n_words, R, row0):
@@ -70,19 +49,19 @@ def block_codes(builder, kind, qs, qh, gb, n_words, R, row0):
     holds, per row, the four u8 codes of ggml lane j (Q8_0: code + 128; Q4/Q5: code)."""
     i64 = ir.IntType(64)
     if kind in (6, 7):  # the block's 32 fifth bits, one u32 per row
-        bits = load16(builder, qh.data, builder.add(builder.mul(gb, R), row0), _V16I)
+        bits = load16(builder, qh.data, builder.add(builder.mul(gb, R), row0), V16I)
     codes = []
     for j in range(8):
         w = j if kind == 8 else j % 4
         at = builder.add(builder.mul(builder.add(builder.mul(gb, n_words), ir.Constant(i64, w)), R), row0)
-        words = load16(builder, qs.data, at, _V16I)
+        words = load16(builder, qs.data, at, V16I)
         if kind == 8:
-            code = builder.xor(words, ir.Constant(_V16I, [0x80808080 - (1 << 32)] * 16))
+            code = builder.xor(words, ir.Constant(V16I, [0x80808080 - (1 << 32)] * 16))
         elif j < 4:
-            code = builder.and_(words, ir.Constant(_V16I, [0x0F0F0F0F] * 16))
+            code = builder.and_(words, ir.Constant(V16I, [0x0F0F0F0F] * 16))
         else:
-            code = builder.and_(builder.lshr(words, ir.Constant(_V16I, [4] * 16)),
-                                ir.Constant(_V16I, [0x0F0F0F0F] * 16))
+            code = builder.and_(builder.lshr(words, ir.Constant(V16I, [4] * 16)),
+                                ir.Constant(V16I, [0x0F0F0F0F] * 16))
         if kind in (6, 7):
             code = builder.or_(code, _fifth_bits(builder, bits, 4 * j if j < 4 else 16 + 4 * (j - 4)))
         codes.append(code)
@@ -92,16 +71,15 @@ def block_codes(builder, kind, qs, qh, gb, n_words, R, row0):
 def _fifth_bits(builder, bits, first):
     # bits first..first+3 of each row's qh word -> bit 4 of bytes 0..3 (16 or 0 added to
     # each code): the 4 bits times 0x00204081 land at bits 0, 8, 16, 24 without carries
-    four = builder.and_(builder.lshr(bits, ir.Constant(_V16I, [first] * 16)), ir.Constant(_V16I, [15] * 16))
-    spread = builder.and_(builder.mul(four, ir.Constant(_V16I, [0x00204081] * 16)),
-                          ir.Constant(_V16I, [0x01010101] * 16))
-    return builder.shl(spread, ir.Constant(_V16I, [4] * 16))
+    four = builder.and_(builder.lshr(bits, ir.Constant(V16I, [first] * 16)), ir.Constant(V16I, [15] * 16))
+    spread = builder.and_(builder.mul(four, ir.Constant(V16I, [0x00204081] * 16)),
+                          ir.Constant(V16I, [0x01010101] * 16))
+    return builder.shl(spread, ir.Constant(V16I, [4] * 16))
 
 
 def scale16(builder, d_data, index, factor):
     # f32(f16 d_w[16 rows] * factor): the f16 bits widened exactly, one rounded multiply
-    halves = builder.bitcast(load16(builder, d_data, index, _V16S), _V16H)
-    return builder.fmul(builder.fpext(halves, _V16F), splat(builder, factor, _V16F))
+    return builder.fmul(halves_to_float(builder, load16(builder, d_data, index, V16S)), splat(builder, factor, V16F))
 
 
 def _chunk_codegen(kind):
@@ -123,7 +101,7 @@ def _chunk_codegen(kind):
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
         n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
         row0 = builder.mul(c, ir.Constant(i64, CHUNK))
-        zero = ir.Constant(_V16F, None)
+        zero = ir.Constant(V16F, None)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(9)]  # 8 lanes + Q4_1's min sum
         off_mul = OFFSETS.get(kind, 0)
         with cgutils.for_range(builder, n_blocks) as loop:
@@ -135,13 +113,13 @@ def _chunk_codegen(kind):
             codes = block_codes(builder, kind, qs, qh, gb, n_words, R, row0)
             for j in range(8):
                 xi = builder.add(builder.mul(b, ir.Constant(i64, 8)), ir.Constant(i64, j))
-                lane = dpbusd(builder, None, codes[j], splat(builder, builder.load(builder.gep(x4.data, [xi])), _V16I))
+                lane = dpbusd(builder, None, codes[j], splat(builder, builder.load(builder.gep(x4.data, [xi])), V16I))
                 if off_mul:
                     xsum = builder.load(builder.gep(xs.data, [builder.add(builder.mul(b, ir.Constant(i64, 16)),
                                                                            ir.Constant(i64, 8 + j))]))
-                    lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(_I32, off_mul)), _V16I))
+                    lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), V16I))
                 acc = builder.load(accs[j])
-                builder.store(fma16(builder, scale, builder.sitofp(lane, _V16F), acc), accs[j])
+                builder.store(fma16(builder, scale, builder.sitofp(lane, V16F), acc), accs[j])
             if kind in (3, 7):
                 sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
                                                                      ir.Constant(i64, 1))]))
@@ -154,7 +132,7 @@ def _chunk_codegen(kind):
         if kind in (3, 7):
             total = builder.fadd(total, a[8])
         out_index = builder.add(builder.mul(g, R), row0)
-        ptr = builder.bitcast(builder.gep(out.data, [out_index]), _V16F.as_pointer())
+        ptr = builder.bitcast(builder.gep(out.data, [out_index]), V16F.as_pointer())
         builder.store(total, ptr, align=4)
         return context.get_dummy_value()
 

@@ -1,0 +1,39 @@
+"""Building blocks for the kernels written in LLVM IR (vnni.py, gemm_vnni.py, attention.py,
+attention_q.py): 16-lane vector types and the few operations every one of them needs.
+
+What lives here: plain functions of an llvmlite IRBuilder, used inside Numba
+`@intrinsic` code generators. What does not: any kernel.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+INT32, FLOAT, INT16 = ir.IntType(32), ir.FloatType(), ir.IntType(16)
+V16I, V16F = ir.VectorType(INT32, 16), ir.VectorType(FLOAT, 16)
+V16S, V16H = ir.VectorType(INT16, 16), ir.VectorType(ir.HalfType(), 16)
+
+
+def splat(builder, value, vtype=V16F):
+    """A 16-lane vector with every lane = value."""
+    undef = ir.Constant(vtype, ir.Undefined)
+    one = builder.insert_element(undef, value, ir.Constant(INT32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(INT32, 16), [0] * 16))
+
+
+def load16(builder, data, index, vtype):
+    """The 16-lane vector of type vtype at element `index` of pointer data (unaligned)."""
+    ptr = builder.gep(data, [index])
+    return builder.load(builder.bitcast(ptr, vtype.as_pointer()), align=2)
+
+
+def fma16(builder, a, b, c):
+    """a * b + c per lane, rounded once."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16F, [V16F, V16F, V16F]), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def halves_to_float(builder, bits):
+    """16 IEEE halves (as i16 lanes) -> float32, exactly."""
+    return builder.fpext(builder.bitcast(bits, V16H), V16F)
