@@ -247,6 +247,17 @@ def _read_arrays(header: dict, data: memoryview, path: str, session: Session) ->
     return out
 
 
+def _check_full_layers_agree(slot_pos: list[np.ndarray], windows: list[int], path: str) -> None:
+    """Layers that see the whole context fill their slots in the same order (cache.reserve
+    finds free slots once for all of them), so a file where they differ did not come from a
+    session and would make the next reservation overwrite live slots."""
+    full = [i for i, w in enumerate(windows) if not w]
+    for i in full[1:]:
+        if not np.array_equal(slot_pos[i], slot_pos[full[0]]):
+            raise _fail(path, f"positions.{i}", f"layer {i} holds other positions in its slots than layer "
+                                                f"{full[0]}; every full-context layer must hold the same")
+
+
 def _to_state(header: dict, arrays: dict[str, np.ndarray], path: str, session: Session) -> SessionState:
     n_tokens, ring = header["n_tokens"], arrays["ring"]
     k, v, slot_pos = [], [], []
@@ -269,6 +280,7 @@ def _to_state(header: dict, arrays: dict[str, np.ndarray], path: str, session: S
             full = np.zeros_like(like)  # (n_kv_heads, cap, row_bytes)
             full[:, slots, :] = rows
             out.append(full)
+    _check_full_layers_agree(slot_pos, session.cache.windows, path)
     logits = arrays.get("logits")
     return SessionState(tokens=tuple(header["tokens"]), k=tuple(k), v=tuple(v), slot_pos=tuple(slot_pos),
                         ring=ring.copy(), cache_types=(header["cache_type_k"], header["cache_type_v"]),

@@ -120,6 +120,21 @@ def test_only_live_slots_are_stored(tiny_model, tmp_path):
 # -- refusals ------------------------------------------------------------------------------
 
 
+def test_full_layers_that_disagree_on_slots_are_refused(tiny_model, tmp_path):
+    # a session never writes such a file; a hand-made one would let the next reservation
+    # overwrite live slots of the layers that differ
+    model = load(tiny_model())
+    fp = model_fingerprint(model)
+    s = model.session(n_ctx=64)
+    s.eval(PROMPT[:6])
+    s.cache.pos[1][[0, 1]] = s.cache.pos[1][[1, 0]]  # layer 1: two positions swapped
+    save_session(s, fp, tmp_path / "bad")
+    fresh = model.session(n_ctx=64)
+    with pytest.raises(StateFileError) as err:
+        load_session(fresh, fp, tmp_path / "bad")
+    assert err.value.field == "positions.1" and fresh.n_tokens == 0
+
+
 @pytest.fixture(scope="module")
 def saved_state(tiny_model, tmp_path_factory):
     """A state file of the default tiny model, n_ctx=64, f16 cache, holding PROMPT."""
