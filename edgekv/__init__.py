@@ -1,7 +1,8 @@
 """edgekv: run GGUF language models on CPUs and edge devices, with a ring-buffer KV cache.
 
 The public surface: `Llama` (llama-cpp-python's high-level API), `load` (one model, many
-sessions), and the exceptions, all under `EdgeKVError`. Everything else is importable from
+sessions: `edgekv.load("smollm2-135m-instruct").session(n_ctx=1024)`, see the README), and the
+exceptions, all under `EdgeKVError`. Everything else is importable from
 its module but not promised to stay put.
 
 `Llama`, `LlamaState`, `Model` and `load` are imported on first use (PEP 562), so that
@@ -25,7 +26,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .llama import Llama, LlamaState
+    from .llama import Llama
+    from .llama_state import LlamaState
     from .loader import Model, load
 
 try:
@@ -33,7 +35,7 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-_LAZY = {"Llama": "llama", "LlamaState": "llama", "Model": "loader", "load": "loader"}
+_LAZY = {"Llama": "llama", "LlamaState": "llama_state", "Model": "loader", "load": "loader"}
 
 __all__ = [
     "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "Llama", "LlamaState", "Model",

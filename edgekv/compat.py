@@ -2,8 +2,8 @@
 
 What lives here: which `Llama(...)` options edgekv accepts and ignores (GPU offload,
 mmap, ...), which generation options it accepts only at their "off" value, and the
-checks that raise a clear error for the rest. What does not: the options edgekv
-implements (llama.py, context_manager.py).
+checks that raise a clear error for the rest; what `n_threads` and `verbose` do. What does
+not: the options edgekv implements (llama.py, context_manager.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ IGNORED_OPTIONS = frozenset({
 # llama-cpp-python generation options edgekv does not implement -> the values meaning "off"
 # (anything else raises); None: accepted and ignored, as llama.cpp itself dropped them
 # (tfs_z, penalize_nl) or they act only with an option that is off (mirostat_tau/eta).
+# top_logprobs is the chat API's (create_chat_completion takes it); create_completion only
+# accepts it unset, as llama-cpp-python's has no such option.
 OFF_VALUES: dict[str, tuple | None] = {
-    "suffix": (None,), "logprobs": (None, False), "top_logprobs": (None,), "typical_p": (1.0,),
+    "suffix": (None,), "top_logprobs": (None,), "typical_p": (1.0,),
     "mirostat_mode": (0,), "grammar": (None,), "functions": (None,), "function_call": (None,),
     "tools": (None,), "tool_choice": (None, "none", "auto"), "response_format": (None,),
     "tfs_z": None, "penalize_nl": None, "mirostat_tau": None, "mirostat_eta": None,
@@ -51,3 +53,23 @@ def check_options(options: dict[str, Any]) -> None:
         raise TypeError(f"Llama() got unexpected keyword arguments: {', '.join(unknown)}")
     if options:
         log.info("ignoring llama-cpp-python options that do not apply here: %s", ", ".join(sorted(options)))
+
+
+def set_threads(n_threads: int) -> None:
+    """n_threads: the kernels' thread count (logged; a warning where it cannot be set)."""
+    try:
+        from .kernels.config import set_num_threads
+    except ImportError:  # a build without the Numba kernels
+        log.warning("n_threads=%s ignored: the kernels' thread control is unavailable", n_threads)
+        return
+    log.info("using %d threads", set_num_threads(n_threads))
+
+
+def log_to_stderr() -> None:
+    """verbose=True: show edgekv's info messages on stderr unless logging is already set up."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("edgekv: %(message)s"))
+        log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)

@@ -5,7 +5,8 @@ stop string even when it spans tokens), the OpenAI-shaped `text_completion` and
 `chat.completion` dicts and their streamed chunks (llama-cpp-python's shapes, key order
 included), and `GenerationStats`, the timings the CLI prints.
 What does not: the `Llama` object and its conversation state, prompt evaluation and the
-generation loop (llama.py), sampling (sampling.py), ids -> bytes (tokenizer.py).
+generation loop (llama.py), sampling (sampling.py), ids -> bytes (tokenizer.py), the
+log-probs' own shapes (logprobs.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-# What Llama._stream yields: (text, None) pieces, then (text, finish_reason) once.
-Pieces = Iterator[tuple[str, str | None]]
+from .logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+
+# What Llama._stream yields: (text, None, logprobs) pieces, then (text, finish_reason, logprobs)
+# once; logprobs: the tokens whose text starts in that piece (None when not asked for).
+Pieces = Iterator[tuple[str, str | None, "list[TokenLogprob] | None"]]
 
 
 @dataclass
@@ -82,13 +86,15 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def collect(pieces: Pieces) -> tuple[str, str]:
-    """All of a completion's text and its finish reason."""
-    parts, finish = [], "length"
-    for text, reason in pieces:
+def collect(pieces: Pieces) -> tuple[str, str, list[TokenLogprob] | None]:
+    """All of a completion's text, its finish reason and its tokens' log-probs (or None)."""
+    parts, finish, records = [], "length", None
+    for text, reason, logprobs in pieces:
         parts.append(text)
         finish = reason or finish
-    return "".join(parts), finish
+        if logprobs is not None:
+            records = (records or []) + logprobs
+    return "".join(parts), finish, records
 
 
 def usage(stats: GenerationStats) -> dict[str, int]:
@@ -103,18 +109,22 @@ def completion_head(model: str) -> dict[str, Any]:
     return dict(id=f"cmpl-{uuid.uuid4()}", object="text_completion", created=int(time.time()), model=model)
 
 
-def text_completion(head: dict, text: str, finish: str, stats: GenerationStats) -> dict:
-    choice = dict(text=text, index=0, logprobs=None, finish_reason=finish)
+def text_completion(head: dict, text: str, finish: str, stats: GenerationStats,
+                    records: list[TokenLogprob] | None = None, text_offset: int = 0) -> dict:
+    """A `text_completion` response; with records, logprobs whose text offsets start at text_offset."""
+    logprobs = None if records is None else completion_logprobs(records, text_offset)
+    choice = dict(text=text, index=0, logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 
 
-def completion_chunks(head: dict, prefix: str, pieces: Pieces) -> Iterator[dict]:
+def completion_chunks(head: dict, prefix: str, pieces: Pieces, text_offset: int = 0) -> Iterator[dict]:
     """Streamed `text_completion` chunks: the echoed prompt (if any), then the pieces."""
     if prefix:
         yield dict(head, choices=[dict(text=prefix, index=0, logprobs=None, finish_reason=None)])
-    for text, finish in pieces:
-        if text or finish:
-            yield dict(head, choices=[dict(text=text, index=0, logprobs=None, finish_reason=finish)])
+    for text, finish, records in pieces:
+        if text or finish or records:
+            logprobs = None if records is None else completion_logprobs(records, text_offset)
+            yield dict(head, choices=[dict(text=text, index=0, logprobs=logprobs, finish_reason=finish)])
 
 
 # -- chat completions ---------------------------------------------------------------------------
@@ -124,16 +134,20 @@ def chat_head(model: str, kind: str) -> dict[str, Any]:
     return dict(id=f"chatcmpl-{uuid.uuid4()}", created=int(time.time()), model=model, object=kind)
 
 
-def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats) -> dict:
-    choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=None, finish_reason=finish)
+def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
+                    records: list[TokenLogprob] | None = None) -> dict:
+    """A `chat.completion` response (logprobs from records when given)."""
+    logprobs = None if records is None else chat_logprobs(records)
+    choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 
 
 def chat_chunks(head: dict, pieces: Pieces) -> Iterator[dict]:
     """Streamed `chat.completion.chunk`s: the role, the content pieces, then the finish reason."""
     yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
-    for text, finish in pieces:
-        if text:
-            yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=None, finish_reason=None)])
+    for text, finish, records in pieces:
+        if text or records:
+            logprobs = None if records is None else chat_logprobs(records)
+            yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=logprobs, finish_reason=None)])
         if finish:
             yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])

@@ -21,6 +21,7 @@ import numpy as np
 from . import context as ctxplan
 from .errors import EdgeKVError
 from .session import Session, SessionState
+from .state import load_session, state_file_n_ctx
 
 log = logging.getLogger("edgekv")
 
@@ -126,6 +127,19 @@ class ContextManager:
             self.plan = self._plan(0, 0, session.n_ctx)
         else:
             self.session.restore(state)
+
+
+    def load_file(self, path, fingerprint: str) -> None:
+        """Put a state file into the session. With n_ctx="auto" the context first takes the
+        file's size when it differs (within the cap); on any error the session stays as it was."""
+        n_ctx = state_file_n_ctx(path)
+        if self.auto and n_ctx and n_ctx != self.session.n_ctx and n_ctx <= self._cap:
+            session = self.new_session(n_ctx)
+            load_session(session, fingerprint, path)
+            self.session = session
+            self.plan = self._plan(0, 0, session.n_ctx)
+        else:
+            load_session(self.session, fingerprint, path)
 
 
 def _plan_n_ctx(n_ctx: int | str | None) -> int | None:

@@ -5,13 +5,15 @@ in-memory state, state files), the generation loop (prompt reuse, end-of-generat
 max_tokens) and checking llama-cpp-python's options.
 What does not: the context's size (the n_ctx="auto" plan, the memory budget, growth, making
 the session: context_manager.py), stop strings, the OpenAI-shaped response dicts and the
-generation statistics (completion.py), the forward pass, the cache and its snapshots
+generation statistics (completion.py), save_state/load_state and state files
+(llama_state.py), the forward pass, the cache and its snapshots
 (models/, session.py, cache.py), the state file format (state.py), the sampler chain
-(sampling.py), text <-> ids (tokenizer.py), chat templates (chat_format.py).
+(sampling.py), log-probs (logprobs.py), text <-> ids (tokenizer.py), chat templates
+(chat_format.py).
 
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
-honour (grammars, mirostat, logprobs, ...) raise an EdgeKVError instead of being ignored;
+honour (grammars, mirostat, suffix, tools, ...) raise an EdgeKVError instead of being ignored;
 hardware options that mean nothing here (n_gpu_layers, use_mmap, ...) are accepted and logged.
 """
 
@@ -20,12 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .compat import SAMPLER_OPTIONS, check_compat, check_options
+from .compat import SAMPLER_OPTIONS, check_compat, check_options, log_to_stderr, set_threads
 from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
 from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
                          completion_chunks, completion_head, stop_list, text_completion)
@@ -33,36 +34,15 @@ from .context import KVPlan
 from .context_manager import ContextManager
 from .errors import ContextFullError, EdgeKVError
 from .loader import load
-from .sampling import LogitsProcessor, Sampler, SamplingParams
-from .session import Session, SessionState
-from .state import load_session, save_session
-from .state import model_fingerprint as fingerprint_of
+from .logprobs import LogprobRecorder, chat_recorder, make_recorder
+from .sampling import LogitsProcessor, Sampler, sampler_for
+from .llama_state import LlamaState, StateMixin  # noqa: F401  (LlamaState: also importable from here)
+from .session import Session
 
 log = logging.getLogger("edgekv")
 
-# llama-cpp-python constructor options that have no meaning for edgekv's CPU path.
 _CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
-@dataclass
-class LlamaState:
-    """An in-memory snapshot of a Llama's conversation (`save_state` / `load_state`)."""
-
-    session: SessionState  # tokens, KV cache and last logits
-    scores: np.ndarray | None  # f32[n_tokens, n_vocab] when logits_all
-
-    @property
-    def input_ids(self) -> np.ndarray:  # intc[n_tokens]
-        return np.asarray(self.session.tokens, dtype=np.intc)
-
-    @property
-    def logits(self) -> np.ndarray | None:  # f32[n_vocab] after the last token, None before any evaluation
-        return self.session.logits
-
-    @property
-    def n_ctx(self) -> int:
-        return self.session.n_ctx
-
-
-class Llama:
+class Llama(StateMixin):
     """A model plus one conversation, with llama-cpp-python's high-level API."""
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int | str = "auto", n_batch: int = 512,
@@ -87,9 +67,9 @@ class Llama:
         minus the weights (context.default_mem_budget)."""
         check_options(options)
         if verbose:
-            _log_to_stderr()
+            log_to_stderr()
         if n_threads is not None:
-            _set_threads(n_threads)
+            set_threads(n_threads)
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         self.logits_all = logits_all
@@ -133,18 +113,23 @@ class Llama:
     # -- the model ---------------------------------------------------------------------------
 
     def n_ctx(self) -> int:
+        """Tokens the context holds now (with n_ctx="auto" it may grow later)."""
         return self._session.n_ctx
 
     def n_vocab(self) -> int:
+        """Tokens in the vocabulary (the length of a logits row)."""
         return self._session.n_vocab
 
     def n_embd(self) -> int:
+        """The model's hidden size."""
         return self._model.hp.dim
 
     def token_bos(self) -> int:
+        """The BOS id, -1 when the model has none."""
         return -1 if self.tokenizer_.bos_id is None else self.tokenizer_.bos_id
 
     def token_eos(self) -> int:
+        """The EOS id, -1 when the model has none."""
         return -1 if self.tokenizer_.eos_id is None else self.tokenizer_.eos_id
 
     def set_seed(self, seed: int) -> None:
@@ -169,10 +154,12 @@ class Llama:
 
     @property
     def n_tokens(self) -> int:
+        """Tokens in the conversation (evaluated so far)."""
         return self._session.n_tokens
 
     @property
     def input_ids(self) -> np.ndarray:
+        """The conversation's ids, intc[n_tokens]."""
         return np.asarray(self._session.tokens, dtype=np.intc)
 
     @property
@@ -222,42 +209,6 @@ class Llama:
         self._session.truncate(keep)
         self.eval(tokens[keep:])
 
-    def save_state(self) -> LlamaState:
-        """A snapshot of the conversation: tokens, KV cache, logits (and scores)."""
-        return LlamaState(session=self._session.snapshot(), scores=self.scores.copy() if self.logits_all else None)
-
-    def load_state(self, state: LlamaState) -> None:
-        """Return to a snapshot taken with save_state on a Llama with the same model and n_ctx
-        (EdgeKVError otherwise, and the conversation stays as it was). With n_ctx="auto" the
-        context takes the snapshot's size when it differs (within the cap)."""
-        self._ctx.restore(state.session)
-        if state.scores is not None and self.logits_all:
-            self._store_scores(0, state.scores)
-
-    def save_state_file(self, path: str | os.PathLike) -> None:
-        """Write the conversation (live KV slots, tokens, last logits) to `path` atomically,
-        with this model's fingerprint and a checksum (format: edgekv/state.py). With
-        logits_all, the scores of earlier tokens are not saved."""
-        save_session(self._session, self.model_fingerprint, path)
-
-    def load_state_file(self, path: str | os.PathLike) -> None:
-        """Return to a state saved with save_state_file by this model with the same n_ctx and
-        cache types. A file from another model or geometry, or a damaged one, raises
-        StateFileError naming the field, and the conversation stays as it was."""
-        load_session(self._session, self.model_fingerprint, path)
-        if self.logits_all and self.n_tokens:  # only the last row is known (when the state has logits)
-            try:
-                self._store_scores(self.n_tokens - 1, self._session.logits[None, :])
-            except EdgeKVError:
-                pass
-
-    @property
-    def model_fingerprint(self) -> str:
-        """sha256 identifying the model file (edgekv.state.model_fingerprint), computed once."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint_of(self._model)
-        return self._fingerprint
-
     # -- generation --------------------------------------------------------------------------
 
     def generate(self, tokens: Sequence[int], *, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
@@ -271,11 +222,10 @@ class Llama:
         appends. A list sent into the generator is evaluated after the yielded token.
         seed None: the Llama's seed, so equal calls give equal tokens."""
         check_compat("generate", compat)
-        params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                logit_bias=logit_bias)
-        sampler = Sampler(params, seed=self._seed if seed is None else seed, processors=logits_processor)
+        sampler = sampler_for(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                              repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
+                              presence_penalty=presence_penalty, logit_bias=logit_bias,
+                              seed=self._seed if seed is None else seed, logits_processor=logits_processor)
         return self._generate(list(tokens), sampler, reset, stopping_criteria)
 
     def _generate(self, tokens: list[int], sampler: Sampler, reset: bool, stopping_criteria: Any) -> Iterator[int]:
@@ -292,28 +242,27 @@ class Llama:
             self.eval([token] + list(extra or ()))
 
     def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
-                sampling: dict[str, Any]) -> Pieces:
-        """(text, None) pieces of the completion, then ("...", finish_reason) once."""
+                sampling: dict[str, Any], recorder: LogprobRecorder | None = None) -> Pieces:
+        """(text, None, logprobs) pieces of the completion, then (text, finish_reason, logprobs)
+        once (completion.Pieces). sampling: sampler_for's keywords, seed and stopping_criteria."""
         tokens = self._fit_prompt(prompt)
-        until_full = max_tokens is None or max_tokens <= 0
-        self._ctx.ensure(len(tokens), 0 if until_full else max_tokens)
-        room = self._ctx.cap - len(tokens)
-        if until_full:
-            limit = room
-        elif self._session.context_shift != "none":  # the overflow policy makes room
-            limit = max_tokens
-        else:
-            limit = min(max_tokens, room)
+        limit = self._room_for(tokens, max_tokens)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
         text = StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
-        finish, hit, n_before, t0 = "length", False, self._session.n_evaluated, time.perf_counter()
+        finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
+        sampling = dict(sampling)
+        criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
+        sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed)
 
         def prompt_done() -> None:  # called once, when the prompt's logits exist
             stats.prompt_eval_s = time.perf_counter() - t0
             stats.prompt_eval_tokens = self._session.n_evaluated - n_before
 
-        stream = self.generate(tokens, **sampling)
+        def released(n_chars: int | None) -> list | None:  # log-probs of the tokens whose text is out
+            return None if recorder is None else recorder.release(n_chars)
+
+        stream = self._generate(tokens, sampler, True, criteria)
         try:
             if limit <= 0:  # the prompt fills the context: evaluate it, generate nothing
                 self._prefill(tokens)
@@ -325,9 +274,12 @@ class Llama:
                     finish = "stop"
                     break
                 stats.gen_tokens += 1
+                if recorder is not None:
+                    recorder.add(token, sampler.last_logits)
                 piece, hit = text.push(token)
                 if piece:
-                    yield piece, None
+                    n_emitted += len(piece)
+                    yield piece, None, released(n_emitted)
                 if hit or stats.gen_tokens >= limit:
                     finish = "stop" if hit else finish
                     break
@@ -337,7 +289,23 @@ class Llama:
             stream.close()
             stats.gen_s = time.perf_counter() - t0 - stats.prompt_eval_s
         tail, hit_at_end = ("", False) if hit else text.finish()
-        yield tail, "stop" if hit_at_end else finish
+        # tokens after a stop string's start are not part of the answer: their log-probs go too
+        yield tail, "stop" if hit_at_end else finish, released(n_emitted + len(tail) if hit or hit_at_end else None)
+
+    def _room_for(self, tokens: list[int], max_tokens: int | None) -> int:
+        """How many tokens to generate after `tokens`: max_tokens; None or <= 0: until the
+        context is full (as llama-cpp-python). Without an overflow policy, never past a full context."""
+        until_full = max_tokens is None or max_tokens <= 0
+        self._ctx.ensure(len(tokens), 0 if until_full else max_tokens)
+        room = self._ctx.cap - len(tokens)
+        if until_full:
+            return room
+        if self._session.context_shift != "none":  # the overflow policy makes room
+            return max_tokens
+        return min(max_tokens, room)
+
+    def _token_text(self) -> Callable[[int], str]:  # a fresh streaming detokenizer's push, as _stream's StopText uses
+        return self.tokenizer_.detokenizer(skip_special=True).push
 
     def _fit_prompt(self, prompt: list[int]) -> list[int]:
         if not prompt:
@@ -357,25 +325,35 @@ class Llama:
                           stop: str | list[str] | None = None, echo: bool = False, stream: bool = False,
                           repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
-                          logit_bias: dict[int, float] | None = None, **options: Any) -> dict | Iterator[dict]:
+                          logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                          **options: Any) -> dict | Iterator[dict]:
         """Complete `prompt` (text, or token ids). max_tokens None or <= 0: until the context
-        is full. Returns a `text_completion` dict, or an iterator of chunks when stream.
+        is full or an end-of-generation token. stop: a string or several; the text ends before
+        the first one found (also across tokens, also when streaming). seed None: the Llama's.
+        logit_bias: {token id: added to its logit}. logprobs=n: choices[0]["logprobs"] in the
+        completions shape (tokens, text_offset, token_logprobs, top_logprobs with the n most
+        likely and the chosen token; edgekv/logprobs.py), per chunk when streaming.
+        Returns a `text_completion` dict (with `usage`), or an iterator of chunks when stream.
         options: logits_processor, stopping_criteria, repeat_last_n, and llama-cpp-python's
-        options that edgekv accepts only when off (suffix, logprobs, grammar, mirostat_mode, ...)."""
+        options that edgekv accepts only when off (suffix, grammar, mirostat_mode, ...)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_completion", options)
         ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt, special=True)
         self._fit_prompt(ids)
+        recorder = make_recorder(logprobs, self.detokenize, ids, self._token_text())
+        if recorder is not None and echo:
+            raise EdgeKVError("logprobs with echo=True (log-probs of the prompt) is not supported by edgekv yet")
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias)
         head = completion_head(model or self.model_path)
-        prefix = self.detokenize(ids).decode("utf-8", errors="replace") if echo else ""
-        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling)
+        prompt_text = self.detokenize(ids).decode("utf-8", errors="replace")
+        prefix = prompt_text if echo else ""
+        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling, recorder)
         if stream:
-            return completion_chunks(head, prefix, pieces)
-        text, finish = collect(pieces)
-        return text_completion(head, prefix + text, finish, self.last_stats)
+            return completion_chunks(head, prefix, pieces, len(prompt_text))
+        text, finish, records = collect(pieces)
+        return text_completion(head, prefix + text, finish, self.last_stats, records, len(prompt_text))
 
     __call__ = create_completion
 
@@ -384,41 +362,42 @@ class Llama:
                                stop: str | list[str] | None = None, stream: bool = False,
                                repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                                presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
-                               logit_bias: dict[int, float] | None = None, **options: Any) -> dict | Iterator[dict]:
+                               logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
-        Returns a `chat.completion` dict, or an iterator of `chat.completion.chunk` dicts.
+        Sampling options as for create_completion (max_tokens None: until the turn ends or the
+        context is full). logprobs=True: choices[0]["logprobs"] = {"content": [{"token",
+        "logprob", "bytes", "top_logprobs": the top_logprobs most likely}]}, per chunk when streaming.
+        Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (tools, response_format, ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_chat_completion", options)
         formatter = self.chat_formatter
         ids = self._fit_prompt(formatter.encode(messages, add_generation_prompt=True))
+        recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias)
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
-        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling)
+        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder)
         if stream:
             return chat_chunks(head, pieces)
-        text, finish = collect(pieces)
-        return chat_completion(head, text, finish, self.last_stats)
+        text, finish, records = collect(pieces)
+        return chat_completion(head, text, finish, self.last_stats, records)
 
-
-def _set_threads(n_threads: int) -> None:
-    try:
-        from .kernels.config import set_num_threads
-    except ImportError:  # a build without the Numba kernels
-        log.warning("n_threads=%s ignored: the kernels' thread control is unavailable", n_threads)
-        return
-    log.info("using %d threads", set_num_threads(n_threads))
-
-
-def _log_to_stderr() -> None:
-    """verbose=True: show edgekv's info messages on stderr unless logging is already set up."""
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("edgekv: %(message)s"))
-        log.addHandler(handler)
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)
+    def kv_status(self) -> dict[str, Any]:
+        """The KV cache at a glance, for status lines (read-only): n_tokens, n_ctx, n_keep,
+        cache_type_k, cache_type_v, and in the first full-context layer the ring's `start`
+        (slot of the oldest position after the n_keep pinned ones, -1 when none) and `cur`
+        (slot the next token takes, -1 when full)."""
+        c = self._session.cache
+        layer = next((i for i in range(len(c.pos)) if not c.ring(i)), 0)
+        pos = c.pos[layer]
+        movable = np.flatnonzero(pos >= c.n_keep)
+        start = int(movable[np.argmin(pos[movable])]) if movable.size else -1
+        free = np.flatnonzero(pos < 0)
+        cur = int(c.cur[layer]) if c.ring(layer) else int(free[0]) if free.size else -1
+        return dict(n_tokens=self.n_tokens, n_ctx=self.n_ctx(), n_keep=c.n_keep, start=start, cur=cur,
+                    cache_type_k=c.type_k, cache_type_v=c.type_v)

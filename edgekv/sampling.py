@@ -180,3 +180,20 @@ class Sampler:
         candidates = candidates[: min_p_count(candidates, p.min_p, p.min_keep)]
         probs = softmax(candidates / np.float32(p.temperature))
         return int(ids[draw(probs, self.rng)])
+
+    @property
+    def last_logits(self) -> np.ndarray | None:
+        """The logits the latest `sample` worked from (after processors, bias and penalties;
+        before top-k/top-p/min-p and temperature); overwritten by the next call."""
+        return self._buf
+
+
+def sampler_for(*, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                repeat_penalty: float = 1.0, repeat_last_n: int = 64, frequency_penalty: float = 0.0,
+                presence_penalty: float = 0.0, logit_bias: Mapping[int, float] | None = None,
+                seed: int | None = 0, logits_processor: Sequence[LogitsProcessor] | None = None) -> Sampler:
+    """A Sampler from llama-cpp-python's keyword names (`temp`, `logits_processor`)."""
+    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                            repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
+                            presence_penalty=presence_penalty, logit_bias=logit_bias)
+    return Sampler(params, seed=seed, processors=logits_processor)

@@ -159,7 +159,28 @@ def _fail(path: str, field: str, message: str) -> StateFileError:
     return StateFileError(f"state file {path}: {field}: {message}", field=field)
 
 
+def state_file_n_ctx(path: str | os.PathLike) -> int | None:
+    """The n_ctx a state file was saved with, or None when it cannot be read (load_session
+    then says exactly why). Lets a caller with an automatic context size match it first."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            header, _, _ = _read_header(f.read(), path)
+    except (OSError, StateFileError):
+        return None
+    n_ctx = header.get("n_ctx")
+    return n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0 else None
+
+
 def _parse(buf: bytes, path: str, session: Session, fingerprint: str) -> SessionState:
+    header, body, header_end = _read_header(buf, path)
+    _check_header(header, path, session, fingerprint)
+    arrays = _read_arrays(header, body[header_end:], path, session)
+    return _to_state(header, arrays, path, session)
+
+
+def _read_header(buf: bytes, path: str) -> tuple[dict, memoryview, int]:
+    """Preamble, size, checksum and header of a state file: (header, body, end of header)."""
     if buf[:4] != MAGIC:
         raise _fail(path, "magic", f"found {buf[:4]!r}, expected {MAGIC!r} (not an edgekv state file)")
     if len(buf) < _PREAMBLE.size + _DIGEST_NBYTES:
@@ -187,9 +208,7 @@ def _parse(buf: bytes, path: str, session: Session, fingerprint: str) -> Session
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise _fail(path, "format", f"found {header.get('format') if isinstance(header, dict) else header!r}, "
                                     f"expected {FORMAT!r}")
-    _check_header(header, path, session, fingerprint)
-    arrays = _read_arrays(header, body[header_end:], path, session)
-    return _to_state(header, arrays, path, session)
+    return header, body, header_end
 
 
 def _field(header: dict, name: str, kind: type, path: str) -> Any:

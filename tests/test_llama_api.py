@@ -3,9 +3,12 @@ written by tools/make_tiny_model.py (llama: GPT-2 BPE + ChatML; gemma3: SPM + Ge
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
+import edgekv.llama as llama_module
 from edgekv import ContextFullError, EdgeKVError, Llama
 from test_make_tiny_model import load_tool
 
@@ -56,6 +59,12 @@ def test_construction_and_model_facts(tiny_paths, arch):
 
 def test_tokenize_detokenize_round_trip(llm):
     ids = llm.tokenize(TEXT.encode())
+    assert isinstance(ids, list) and all(type(t) is int for t in ids)
+    assert isinstance(llm.detokenize(ids), bytes)
+    marker = llm.chat_formatter.stop_token_ids[0]  # a control token; its text is parsed only when special
+    marker_text = llm.detokenize([marker], special=True)
+    assert llm.tokenize(marker_text, add_bos=False, special=True) == [marker]
+    assert marker not in llm.tokenize(marker_text, add_bos=False)
     assert ids == llm.tokenize(TEXT)
     assert llm.detokenize(ids) == TEXT.encode()
     bos = llm.token_bos()
@@ -187,9 +196,10 @@ def test_chat_stops_at_the_turn_end_token(llm):
     assert out["choices"][0]["message"]["content"] == "" and out["usage"]["completion_tokens"] == 0
 
 
-def test_max_tokens_none_fills_the_context(tiny_paths, arch):
+@pytest.mark.parametrize("max_tokens", [None, 0, -1])
+def test_max_tokens_none_or_below_one_fills_the_context(tiny_paths, arch, max_tokens):
     llm = Llama(tiny_paths[arch], n_ctx=24)
-    out = llm("The quick", max_tokens=None, temperature=0.0, logit_bias=no_eog(llm))
+    out = llm("The quick", max_tokens=max_tokens, temperature=0.0, logit_bias=no_eog(llm))
     assert out["choices"][0]["finish_reason"] == "length"
     assert out["usage"]["total_tokens"] == 24
 
@@ -246,8 +256,8 @@ def test_save_and_load_state(llm):
 
 
 def test_unsupported_options_raise(llm):
-    with pytest.raises(EdgeKVError, match="logprobs"):
-        llm("Hi", logprobs=3)
+    with pytest.raises(EdgeKVError, match="suffix"):
+        llm("Hi", suffix="!")
     with pytest.raises(EdgeKVError, match="mirostat"):
         llm("Hi", mirostat_mode=2)
     with pytest.raises(EdgeKVError, match="tools"):
@@ -270,6 +280,76 @@ def test_stopping_criteria_and_sent_tokens(llm):
     gen.send([5, 6])  # evaluated after `first`
     gen.close()
     assert llm.input_ids.tolist() == ids + [first, 5, 6]
+
+
+CHAT = [{"role": "user", "content": "Hi there"}]
+
+
+def test_response_fields(llm):
+    before = int(time.time())
+    for out in (llm("Hi", max_tokens=2), llm.create_chat_completion(CHAT, max_tokens=2, model="my-model")):
+        assert before <= out["created"] <= time.time() and isinstance(out["id"], str)
+        usage = out["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] and usage["prompt_tokens"] > 0
+    assert out["model"] == "my-model" and llm("Hi", max_tokens=1)["model"] == llm.model_path
+    chunks = list(llm.create_chat_completion(CHAT, max_tokens=2, stream=True))
+    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chunks)
+
+
+def test_sampling_options_reach_the_sampler(llm, monkeypatch):
+    seen = []
+    real = llama_module.sampler_for
+    monkeypatch.setattr(llama_module, "sampler_for", lambda **kw: seen.append(kw) or real(**kw))
+    options = dict(top_p=0.9, min_p=0.1, top_k=7, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.4,
+                   logit_bias={3: 1.0})
+    llm("Hi", max_tokens=1, temperature=0.7, seed=11, repeat_last_n=5, **options)
+    llm.create_chat_completion(CHAT, max_tokens=1, temperature=0.7, seed=11, repeat_last_n=5, **options)
+    expected = dict(options, temp=0.7, seed=11, repeat_last_n=5)
+    assert [{k: kw[k] for k in expected} for kw in seen] == [expected, expected]
+
+
+def test_completion_seed(llm):
+    kwargs = dict(max_tokens=8, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, logit_bias=no_eog(llm))
+    first = llm(TEXT, seed=1, **kwargs)["choices"][0]["text"]
+    assert llm(TEXT, seed=1, **kwargs)["choices"][0]["text"] == first
+    assert any(llm(TEXT, seed=s, **kwargs)["choices"][0]["text"] != first for s in (2, 3, 4))
+    chat = [llm.create_chat_completion(CHAT, seed=5, **kwargs)["choices"][0]["message"]["content"] for _ in range(2)]
+    assert chat[0] == chat[1]
+
+
+@pytest.mark.parametrize("key", [int, str])  # OpenAI clients send the ids as strings
+def test_logit_bias_forces_a_token(llm, key):
+    prompt = llm.tokenize(TEXT, special=True)
+    token = llm.tokenize("fox", add_bos=False)[0]
+    out = llm(TEXT, max_tokens=4, temperature=1.0, seed=2, logit_bias={key(token): 1e9})
+    assert out["usage"]["completion_tokens"] == 4 and llm.input_ids[len(prompt):].tolist() == [token] * 3
+    assert out["choices"][0]["text"] == llm.detokenize([token] * 4, prev_tokens=prompt).decode()
+
+
+@pytest.mark.parametrize("option", [dict(top_k=1), dict(top_p=0.0), dict(min_p=1.0)])
+def test_keeping_one_candidate_is_greedy(llm, option):
+    kwargs = dict(max_tokens=8, logit_bias=no_eog(llm))
+    greedy = llm(TEXT, temperature=0.0, **kwargs)["choices"][0]["text"]
+    sampled = llm(TEXT, temperature=1.5, seed=9, **dict(dict(top_k=0, top_p=1.0, min_p=0.0), **option), **kwargs)
+    assert sampled["choices"][0]["text"] == greedy
+
+
+@pytest.mark.parametrize("option", [dict(presence_penalty=1e4), dict(frequency_penalty=1e4),
+                                    dict(repeat_penalty=1e4)])
+def test_big_penalties_forbid_repeats(llm, option):
+    prompt = llm.tokenize(TEXT, special=True)
+    llm(TEXT, max_tokens=10, temperature=0.0, repeat_last_n=-1, logit_bias=no_eog(llm), **option)
+    generated = llm.input_ids[len(prompt):].tolist()  # all but the last token
+    assert len(generated) == 9 and len(set(generated)) == 9 and not set(generated) & set(prompt)
+
+
+def test_stop_list_in_chat_streaming(llm):
+    kwargs = dict(max_tokens=12, temperature=0.0, logit_bias=no_eog(llm))
+    full = llm.create_chat_completion(CHAT, **kwargs)["choices"][0]["message"]["content"]
+    stop = full[3:5]
+    chunks = list(llm.create_chat_completion(CHAT, stop=["zzz-never", stop], stream=True, **kwargs))
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == full[: full.find(stop)]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 # margin on llama.cpp's top-2 log-prob gap before a greedy step is compared: quantized

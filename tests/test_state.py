@@ -278,6 +278,32 @@ def test_llama_state_files(tiny_model, tmp_path):
         Llama(path, n_ctx=32).load_state_file(tmp_path / "s.ekvs")
 
 
+def test_auto_context_takes_the_state_files_size(tiny_model, tmp_path):
+    # a conversation that grew under n_ctx="auto" loads into a fresh "auto" Llama, which
+    # starts smaller: the context takes the file's size instead of refusing it
+    path = tiny_model(n_ctx=2048)
+    long_prompt = (PROMPT * 20)[:300]
+    llm = Llama(path)
+    llm.create_completion(long_prompt, max_tokens=1, temperature=0.0)  # plans a context for 300+ tokens
+    assert llm.n_ctx() > 256
+    llm.save_state_file(tmp_path / "grown.ekvs")
+    expected = llm.create_completion(long_prompt + [7], max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    fresh = Llama(path)
+    fresh.create_completion(PROMPT[:3], max_tokens=1, temperature=0.0)
+    assert fresh.n_ctx() < llm.n_ctx()
+    fresh.load_state_file(tmp_path / "grown.ekvs")
+    assert fresh.n_ctx() == llm.n_ctx() and fresh.input_ids.tolist()[:len(long_prompt)] == long_prompt
+    out = fresh.create_completion(long_prompt + [7], max_tokens=6, temperature=0.0)
+    assert out["choices"][0]["text"] == expected and out["usage"]["prompt_tokens"] == len(long_prompt) + 1
+    other = Llama(path)
+    other.create_completion(PROMPT[:3], max_tokens=1, temperature=0.0)
+    kept = other.input_ids.tolist()
+    with pytest.raises(StateFileError):  # a damaged file: refused, the conversation kept
+        (tmp_path / "bad.ekvs").write_bytes((tmp_path / "grown.ekvs").read_bytes()[:-9])
+        other.load_state_file(tmp_path / "bad.ekvs")
+    assert other.input_ids.tolist() == kept
+
+
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
     out, err = capsys.readouterr()
