@@ -1,0 +1,82 @@
+"""`edgekv serve`: an OpenAI-compatible HTTP server for one model.
+
+What lives here: the command's options (llama.cpp server's --host, --port, --api-key; the
+queue and body limits), the listening socket and running uvicorn. What does not: the
+application, its routes, request checks and the generation queue (server.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+
+from ..errors import EdgeKVError
+from .common import add_kv_options, add_model_options, make_llama, mem_size, non_negative_int
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from ..server import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE
+
+    p = sub.add_parser("serve", parents=[common], help="serve a model over an OpenAI-compatible HTTP API",
+                       description="Serve one model over HTTP: POST /v1/chat/completions, /v1/completions, "
+                                   "GET /v1/models, /health. One generation at a time; others wait in a queue.")
+    add_model_options(p)
+    add_kv_options(p, shift_default="none")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=non_negative_int, default=8080, help="port, 0 = any free port (default: 8080)")
+    p.add_argument("--api-key", metavar="KEY", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+    p.add_argument("--queue", type=non_negative_int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                   help=f"requests that may wait while one generates; more get 429 (default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--max-body", type=mem_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
+                   help="largest request body, e.g. 1M; larger get 413 (default: 1M)")
+    p.add_argument("--seed", type=int, default=-1,
+                   help="sampling seed for requests without one, -1 = random (default: -1)")
+    p.set_defaults(handler=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..server import create_app
+
+    if args.port > 65535:
+        raise EdgeKVError(f"--port {args.port}: expected 0-65535")
+    sock = _listen(args.host, args.port)  # before loading the model: a taken port fails fast
+    llm = make_llama(args)
+    app = create_app(llm, model_id=os.path.basename(args.model), api_key=args.api_key, max_queue=args.queue, max_body=args.max_body)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    if args.api_key is None and not _is_loopback(host):
+        print(f"edgekv: warning: listening on {host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)
+    print(f"edgekv: serving {args.model} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)",
+          file=sys.stderr, flush=True)
+    verbose = getattr(args, "verbose", 0)
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=bool(verbose),
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        raise EdgeKVError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
