@@ -139,16 +139,12 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
                 seed=args.seed)
 
 
-def print_stats(stats: "GenerationStats", llm: "Llama", compact: bool = False) -> None:
-    """Prompt and generation speed (and KV fill) on stderr."""
+def print_stats(stats: "GenerationStats", llm: "Llama") -> None:
+    """Prompt and generation speed (and KV fill) on stderr, for `run` (chat's one-line form:
+    chat_commands.stats_line)."""
     fill = f"KV {llm.n_tokens}/{llm.n_ctx()}"
     prompt = f"{stats.prompt_eval_tokens} tokens, {stats.prompt_eval_s:.2f} s, {stats.prompt_tokens_per_s:.1f} tokens/s"
     gen = f"{stats.gen_tokens} tokens, {stats.gen_s:.2f} s, {stats.gen_tokens_per_s:.1f} tokens/s"
-    if compact:
-        print(f"[{stats.gen_tokens_per_s:.1f} tokens/s, {stats.gen_tokens} tokens; prompt: "
-              f"{stats.prompt_eval_tokens} new tokens at {stats.prompt_tokens_per_s:.1f} tokens/s; {fill}]",
-              file=sys.stderr, flush=True)
-        return
     reused = stats.prompt_tokens - stats.prompt_eval_tokens
     print(f"\nprompt eval: {prompt}" + (f" ({reused} reused)" if reused > 0 else ""), file=sys.stderr)
     print(f"generation:  {gen}", file=sys.stderr)
