@@ -142,6 +142,24 @@ class ContextManager:
             load_session(self.session, fingerprint, path)
 
 
+CHAT_TAIL = 16  # cache tokens that locate the end of the cache in a re-rendered conversation
+
+
+def continue_after_shift(cached: list[int], ids: list[int]) -> list[int]:
+    """The prompt for a re-rendered conversation `ids` once the overflow policy has dropped
+    tokens from the cache, whose tokens (`cached`) then no longer start like `ids`, so that
+    prefix reuse would evaluate all of it again each turn. When `ids` contains the cache's
+    last CHAT_TAIL tokens: the cache's tokens, then what follows them in `ids` (the new turn),
+    as llama.cpp's chat does. Otherwise (the conversation was edited before its end) `ids`."""
+    if len(cached) < CHAT_TAIL or ids[:len(cached)] == cached:
+        return ids
+    tail = cached[-CHAT_TAIL:]
+    for p in range(len(ids) - CHAT_TAIL, -1, -1):
+        if ids[p:p + CHAT_TAIL] == tail:
+            return list(cached) + ids[p + CHAT_TAIL:]
+    return ids
+
+
 def _plan_n_ctx(n_ctx: int | str | None) -> int | None:
     """None for "auto"/None; 0 (the trained context, as llama-cpp-python) or the int."""
     if n_ctx is None or (isinstance(n_ctx, str) and n_ctx == "auto"):

@@ -31,7 +31,7 @@ from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
 from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
                          completion_chunks, completion_head, stop_list, text_completion)
 from .context import KVPlan
-from .context_manager import ContextManager
+from .context_manager import ContextManager, continue_after_shift
 from .errors import ContextFullError, EdgeKVError
 from .loader import load
 from .logprobs import LogprobRecorder, chat_recorder, make_recorder
@@ -42,6 +42,8 @@ from .session import Session
 log = logging.getLogger("edgekv")
 
 _CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+
+
 class Llama(StateMixin):
     """A model plus one conversation, with llama-cpp-python's high-level API."""
 
@@ -373,7 +375,10 @@ class Llama(StateMixin):
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_chat_completion", options)
         formatter = self.chat_formatter
-        ids = self._fit_prompt(formatter.encode(messages, add_generation_prompt=True))
+        ids = formatter.encode(messages, add_generation_prompt=True)
+        if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
+            ids = continue_after_shift(self._session.tokens, ids)
+        ids = self._fit_prompt(ids)
         recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,

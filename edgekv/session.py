@@ -89,6 +89,9 @@ class Session:
         self._last_row = np.zeros(1, np.int64)
         self._has_logits = False
         self.n_evaluated = 0  # tokens run through the model since creation (for reuse accounting)
+        # tokens the overflow policy dropped since the last reset: while > 0, `tokens` is no
+        # longer the start of the conversation (Llama's chat then appends instead of re-rendering)
+        self.n_discarded = 0
 
     @property
     def n_ctx(self) -> int:
@@ -109,6 +112,7 @@ class Session:
         self.cache.clear()
         self.tokens.clear()
         self._has_logits = False
+        self.n_discarded = 0
 
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n_tokens tokens; logits are gone until the next evaluation."""
@@ -173,6 +177,7 @@ class Session:
         log.info("context full: dropping %d tokens after the first %d (%s)", discard, keep, self.context_shift)
         self.cache.discard(keep, discard, self.model.shift_keys)
         del self.tokens[keep : keep + discard]
+        self.n_discarded += discard
 
     def _eval_chunk(self, chunk: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> None:
         if self.context_shift != "none":
@@ -263,7 +268,7 @@ class Session:
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits
         new._has_logits = self._has_logits
-        new.n_evaluated = self.n_evaluated
+        new.n_evaluated, new.n_discarded = self.n_evaluated, self.n_discarded
         return new
 
     def prefill(self, ids: Sequence[int]) -> None:

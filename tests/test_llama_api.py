@@ -370,3 +370,25 @@ def test_chat_matches_llama_cpp_on_smollm2(smollm2_path, reference):
         assert out["usage"]["prompt_tokens"] == len(case["prompt_ids"])
         expected = llm.detokenize(case["greedy_ids"][:steps]).decode("utf-8", errors="replace")
         assert out["choices"][0]["message"]["content"][: len(expected)] == expected
+
+
+def test_chat_after_a_context_shift_evaluates_only_the_new_turn(smollm2_path):
+    # once the shift policy dropped tokens, the re-rendered conversation no longer starts
+    # like the cache; the new turn is appended to the cache instead of re-evaluating it all
+    llm = Llama(str(smollm2_path), n_ctx=256, context_shift="shift", verbose=False)
+    messages, checked = [], 0
+    for topic in ["the sea", "mountains", "rivers", "deserts", "forests", "the sky", "cities", "islands",
+                  "volcanoes", "lakes", "glaciers", "caves"]:
+        shifted = llm._session.n_discarded
+        question = f"Tell me about {topic}."
+        messages.append({"role": "user", "content": question})
+        turn = llm.tokenize(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n".encode(),
+                            add_bos=False, special=True)
+        reply = llm.create_chat_completion(messages, max_tokens=40, temperature=0.0)
+        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+        if shifted:  # only the new turn (+ the end of the last answer) is evaluated
+            assert llm.last_stats.prompt_eval_tokens <= len(turn) + 4
+            checked += 1
+        if checked == 2:
+            return
+    pytest.fail("the conversation was meant to outgrow the context")
