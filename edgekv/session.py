@@ -230,6 +230,7 @@ class Session:
         c.k, c.v, c.pos, c.n_tokens = k, v, pos, state.n_tokens
         c.used[:], c.cur[:] = state.ring[0], state.ring[1]
         self.tokens[:] = state.tokens
+        self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
         self._has_logits = state.logits is not None
         if state.logits is not None:
             self._last_logits[0] = state.logits
