@@ -161,6 +161,17 @@ def _check(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
                          f"got {a.dtype} {a.shape}{'' if a.flags.c_contiguous else ' (not contiguous)'}")
 
 
+def quantize_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk's activations x: f32[n_tok, n_cols] as q8 blocks (xq, xd, xsum), in this
+    thread's scratch (valid until the next call), for QuantMatrix.matmul(acts=...)."""
+    n_tok, nb_ = x.shape[0], x.shape[1] // 32
+    xq = _scratch_f32("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
+    xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
+    xsum = _scratch_f32("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
+    quantize_acts(x, xq, xd, xsum)
+    return xq, xd, xsum
+
+
 class QuantMatrix:
     """A [n_rows, n_cols] weight (ggml ne0 = n_cols, the contiguous row length).
 
@@ -223,8 +234,9 @@ class QuantMatrix:
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
             self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
 
-    def matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T (a chunk of tokens)."""
+    def matmul(self, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
+        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T (a chunk of tokens). acts: x already
+        quantized by quantize_chunk(x), for weights that share an input (uses_vnni only)."""
         n_tok = x.shape[0] if x.ndim == 2 else -1
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
@@ -239,11 +251,7 @@ class QuantMatrix:
             return
         p, R = self._p, self.lanes
         if self._vnni:  # integer GEMM on q8 activations (gemm_vnni.py)
-            nb_ = self.n_cols // 32
-            xq = _scratch_f32("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
-            xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
-            xsum = _scratch_f32("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
-            quantize_acts(x, xq, xd, xsum)
+            xq, xd, xsum = acts if acts is not None else quantize_chunk(x)
             if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
                 gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, out)
                 return

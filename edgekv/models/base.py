@@ -20,7 +20,7 @@ from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows
 from ..kernels import config
 from ..kernels.config import max_threads
-from ..kernels.matvec import QuantMatrix
+from ..kernels.matvec import QuantMatrix, quantize_chunk
 from ..kernels.ops import rms_norm, rope_apply, rope_tables, softcap_inplace
 from ..quants import QUANT_TYPES, dequantize
 
@@ -179,6 +179,18 @@ def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
         w.matvec(x[0], out[0])
     else:
         w.matmul(x, out)
+
+
+def project_many(ws: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray]) -> None:
+    """outs[i] = x @ ws[i]^T for weights that share their input (q/k/v, gate/up): a chunk's
+    activations are quantized once for all of them when they all take the integer GEMM."""
+    if x.shape[0] >= config.BLAS_MIN_TOKENS and all(w.uses_vnni and w.n_cols == x.shape[1] for w in ws):
+        acts = quantize_chunk(x)
+        for w, out in zip(ws, outs):
+            w.matmul(x, out, acts)
+        return
+    for w, out in zip(ws, outs):
+        project(w, x, out)
 
 
 def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray,

@@ -15,7 +15,7 @@ from ..gguf import GGUFFile
 from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
 from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
-                   read_common_hparams, read_float, read_int)
+                   project_many, read_common_hparams, read_float, read_int)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5 (llama.cpp's set_swa_pattern(6))
@@ -64,9 +64,7 @@ class Gemma3Model(Decoder):
         for il, L in enumerate(self.layers):
             cos, sin = rope["local" if hp.local_layers[il] else "global"]
             rms_norm(x, L.attn_norm, eps, h)
-            project(L.wq, h, q)
-            project(L.wk, h, k)
-            project(L.wv, h, v)
+            project_many([L.wq, L.wk, L.wv], h, [q, k, v])
             q3, k3 = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
             rms_norm_heads(q3, L.extra["attn_q_norm"], eps)
             rms_norm_heads(k3, L.extra["attn_k_norm"], eps)
@@ -78,8 +76,7 @@ class Gemma3Model(Decoder):
             rms_norm(o, L.extra["post_attention_norm"], eps, o)
             add_inplace(x, o)
             rms_norm(x, L.ffn_norm, eps, h)
-            project(L.w_gate, h, gate)
-            project(L.w_up, h, up)
+            project_many([L.w_gate, L.w_up], h, [gate, up])
             gelu_mul(gate, up, GELU_F16_TABLE)
             project(L.w_down, gate, o)
             rms_norm(o, L.extra["post_ffw_norm"], eps, o)

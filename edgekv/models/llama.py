@@ -15,7 +15,7 @@ from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from ..kernels.ops import ROPE_NORM, add_inplace, rms_norm, rope_apply, silu_mul
 from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
-                   read_common_hparams, read_float)
+                   project_many, read_common_hparams, read_float)
 
 ARCH = "llama"
 
@@ -51,17 +51,14 @@ class LlamaModel(Decoder):
         cos, sin = fill_rope(s, "global", positions, hp, hp.rope_theta, self.freq_factors)
         for il, L in enumerate(self.layers):
             rms_norm(x, L.attn_norm, eps, h)
-            project(L.wq, h, q)
-            project(L.wk, h, k)
-            project(L.wv, h, v)
+            project_many([L.wq, L.wk, L.wv], h, [q, k, v])
             rope_apply(q.reshape(n, hp.n_heads, hp.head_dim), cos, sin, hp.rope_mode)
             rope_apply(k.reshape(n, hp.n_kv_heads, hp.head_dim), cos, sin, hp.rope_mode)
             attend(hp, cache, s, il, res, q, k, v, att, hp.attn_scale)
             project(L.wo, att, o)
             add_inplace(x, o)
             rms_norm(x, L.ffn_norm, eps, h)
-            project(L.w_gate, h, gate)
-            project(L.w_up, h, up)
+            project_many([L.w_gate, L.w_up], h, [gate, up])
             silu_mul(gate, up)
             project(L.w_down, gate, o)
             add_inplace(x, o)
