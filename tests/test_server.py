@@ -204,6 +204,8 @@ def test_disconnect_stops_generation(client, server, llm):
     stream.close()
     after = client.completions.create(model="m", prompt="Hi", max_tokens=2)  # runs after the stopped one
     assert after.choices and queue.stopped_early == before + 1
+    with queue.hold():  # the worker thread is past `after`'s bookkeeping once it runs this
+        pass
     assert queue.pending == 0
 
 
