@@ -8,7 +8,7 @@ import pytest
 from edgekv.kernels import ops
 from edgekv.kernels.config import max_threads
 from edgekv.kernels.ggml_math import GELU_F16_TABLE
-from edgekv.kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+from edgekv.kernels.attention import attention_chunk_blas, attention_f16
 
 RTOL = 2e-5  # float32 kernels vs float64 NumPy
 rng = np.random.default_rng(0)
