@@ -121,6 +121,17 @@ class KVCache:
         """Whether the layer is a windowed ring smaller than the context."""
         return self.caps[layer] < self.capacity
 
+    def ring_pointers(self) -> tuple[int, int]:
+        """(start, cur) of the first full-context layer: the slot of the oldest position after
+        the n_keep pinned ones (-1 when none) and the slot the next token takes (-1 when full)."""
+        layer = next((i for i in range(len(self.pos)) if not self.ring(i)), 0)
+        pos = self.pos[layer]
+        movable = np.flatnonzero(pos >= self.n_keep)
+        start = int(movable[np.argmin(pos[movable])]) if movable.size else -1
+        free = np.flatnonzero(pos < 0)
+        cur = int(self.cur[layer]) if self.ring(layer) else int(free[0]) if free.size else -1
+        return start, cur
+
     @property
     def f16(self) -> bool:
         """Both K and V are f16: the path that reproduces llama.cpp's arithmetic exactly."""

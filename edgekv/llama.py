@@ -394,15 +394,8 @@ class Llama(StateMixin):
 
     def kv_status(self) -> dict[str, Any]:
         """The KV cache at a glance, for status lines (read-only): n_tokens, n_ctx, n_keep,
-        cache_type_k, cache_type_v, and in the first full-context layer the ring's `start`
-        (slot of the oldest position after the n_keep pinned ones, -1 when none) and `cur`
-        (slot the next token takes, -1 when full)."""
+        cache_type_k, cache_type_v and the ring's `start` / `cur` (KVCache.ring_pointers)."""
         c = self._session.cache
-        layer = next((i for i in range(len(c.pos)) if not c.ring(i)), 0)
-        pos = c.pos[layer]
-        movable = np.flatnonzero(pos >= c.n_keep)
-        start = int(movable[np.argmin(pos[movable])]) if movable.size else -1
-        free = np.flatnonzero(pos < 0)
-        cur = int(c.cur[layer]) if c.ring(layer) else int(free[0]) if free.size else -1
+        start, cur = c.ring_pointers()
         return dict(n_tokens=self.n_tokens, n_ctx=self.n_ctx(), n_keep=c.n_keep, start=start, cur=cur,
                     cache_type_k=c.type_k, cache_type_v=c.type_v)

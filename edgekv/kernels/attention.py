@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
 from .fp16 import f16_to_f32, round_f16
 from .intrinsics import fma
-from .irvec import FLOAT, V16F, V16S, fma16, halves_to_float
+from .irvec import V16F, V16S, arrays, fma16, halves_to_float, lanes
 from .ggml_math import v_expf
 
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -118,8 +118,6 @@ def dot_f16(q, k_row, acc, one_register):
     return _reduce16(acc)
 
 
-
-
 @intrinsic
 def _dot_f16_4reg(typingctx, q, k_row):
     # ggml_vec_dot_f16 as one query's decode runs it, for hd a multiple of 64, written in
@@ -127,8 +125,7 @@ def _dot_f16_4reg(typingctx, q, k_row):
     # FMA-accumulates in lane l of register j; then (r0 + r2) + (r1 + r3) and
     # _mm512_reduce_add_ps's tree (lanes i + i+8, i + i+4, then (0+2) + (1+3)).
     def codegen(context, builder, sig, args):
-        qa = context.make_array(sig.args[0])(context, builder, args[0])
-        ka = context.make_array(sig.args[1])(context, builder, args[1])
+        qa, ka = arrays(context, builder, sig, args, 0, 1)
         i64 = ir.IntType(64)
         n_chunks = builder.udiv(cgutils.unpack_tuple(builder, qa.shape, 1)[0], ir.Constant(i64, 64))
         accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
@@ -140,15 +137,8 @@ def _dot_f16_4reg(typingctx, q, k_row):
                 builder.store(fma16(builder, qv, halves_to_float(builder, kh), builder.load(accs[j])), accs[j])
         r = [builder.load(a) for a in accs]
         v = builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
-        undef = ir.Constant(V16F, ir.Undefined)
-
-        def half(vec, lo, n):
-            return builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(ir.IntType(32), n),
-                                                                    list(range(lo, lo + n))))
-        v8 = builder.fadd(half(v, 8, 8), half(v, 0, 8))
-        undef = ir.Constant(ir.VectorType(FLOAT, 8), ir.Undefined)
-        v4 = builder.fadd(builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [4, 5, 6, 7])),
-                          builder.shuffle_vector(v8, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [0, 1, 2, 3])))
+        v8 = builder.fadd(lanes(builder, v, 8, 8), lanes(builder, v, 0, 8))
+        v4 = builder.fadd(lanes(builder, v8, 4, 4), lanes(builder, v8, 0, 4))
         e = [builder.extract_element(v4, ir.Constant(ir.IntType(32), i)) for i in range(4)]
         return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
 

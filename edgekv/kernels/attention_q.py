@@ -4,8 +4,7 @@ q5_1, chosen separately for K and V).
 Each visible slot's K row and V row are read as the kernel reaches them, so no
 dequantized copy of the cache exists: Q8_0 and Q4_0 rows block by block in place (the
 block scale applied once per block), other types dequantized into a head_dim-sized
-scratch row. The
-arithmetic is float32 with ggml's softmax (same masks and exp as attention.py); unlike
+scratch row. The arithmetic is float32 with ggml's softmax (same masks and exp as attention.py); unlike
 the f16/f16 kernels in attention.py it makes no attempt to reproduce llama.cpp's
 roundings bit for bit (llama.cpp itself quantizes Q and the softmax weights to the cache
 types here, a different computation again). What does not live here: the f16/f16 exact
@@ -23,10 +22,7 @@ from numba.extending import intrinsic
 from .attention import softmax_numerators, visible
 from .config import JIT_FLAGS, PARALLEL_FLAGS
 from .dequant import dequant_row
-from .irvec import FLOAT, INT32, V16F, fma16, splat
-
-
-
+from .irvec import FLOAT, V16F, V16I, arrays, fma16, lanes, splat
 
 
 def _block_codes(builder, src, offset, ggml_type):
@@ -36,14 +32,12 @@ def _block_codes(builder, src, offset, ggml_type):
     if ggml_type == 8:
         raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 32).as_pointer()), align=1)
         wide = builder.sitofp(raw, ir.VectorType(FLOAT, 32))
-        lo = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(INT32, 16), list(range(16))))
-        hi = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(INT32, 16), list(range(16, 32))))
-        return lo, hi
+        return lanes(builder, wide, 0, 16), lanes(builder, wide, 16, 16)
     raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 16).as_pointer()), align=1)
-    wide = builder.zext(raw, ir.VectorType(INT32, 16))
-    eight = ir.Constant(ir.VectorType(INT32, 16), [8] * 16)
-    lo = builder.sub(builder.and_(wide, ir.Constant(ir.VectorType(INT32, 16), [15] * 16)), eight)
-    hi = builder.sub(builder.lshr(wide, ir.Constant(ir.VectorType(INT32, 16), [4] * 16)), eight)
+    wide = builder.zext(raw, V16I)
+    eight = ir.Constant(V16I, [8] * 16)
+    lo = builder.sub(builder.and_(wide, ir.Constant(V16I, [15] * 16)), eight)
+    hi = builder.sub(builder.lshr(wide, ir.Constant(V16I, [4] * 16)), eight)
     return builder.sitofp(lo, V16F), builder.sitofp(hi, V16F)
 
 
@@ -58,8 +52,7 @@ def _row_intrinsic(ggml_type, block_bytes):
     def dot(typingctx, x, src):
         # x . (a Q8_0 / Q4_0 cache row read in place); float32, any summation order
         def codegen(context, builder, sig, args):
-            xa = context.make_array(sig.args[0])(context, builder, args[0])
-            sa = context.make_array(sig.args[1])(context, builder, args[1])
+            xa, sa = arrays(context, builder, sig, args, 0, 1)
             i64 = ir.IntType(64)
             n_blocks = builder.udiv(cgutils.unpack_tuple(builder, xa.shape, 1)[0], ir.Constant(i64, 32))
             acc = cgutils.alloca_once_value(builder, ir.Constant(V16F, None))
@@ -75,11 +68,8 @@ def _row_intrinsic(ggml_type, block_bytes):
             v, width = builder.load(acc), 16
             while width > 1:  # halving tree: log2(16) dependent adds, not 15
                 width //= 2
-                lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(INT32, width), list(range(width))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(INT32, width),
-                                                              list(range(width, 2 * width))))
-                v = builder.fadd(lo, hi)
-            return builder.extract_element(v, ir.Constant(INT32, 0))
+                v = builder.fadd(lanes(builder, v, 0, width), lanes(builder, v, width, width))
+            return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
         return types.float32(x, src), codegen
 
@@ -87,8 +77,7 @@ def _row_intrinsic(ggml_type, block_bytes):
     def add(typingctx, acc, w, src):
         # acc += w * (the cache row, read in place)
         def codegen(context, builder, sig, args):
-            aa = context.make_array(sig.args[0])(context, builder, args[0])
-            sa = context.make_array(sig.args[2])(context, builder, args[2])
+            aa, sa = arrays(context, builder, sig, args, 0, 2)
             i64 = ir.IntType(64)
             n_blocks = builder.udiv(cgutils.unpack_tuple(builder, aa.shape, 1)[0], ir.Constant(i64, 32))
             with cgutils.for_range(builder, n_blocks) as loop:

@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 
 from . import activations as act
 from .config import EXACT_FLAGS
-from .irvec import INT32, V16F, V16I, fma16, splat
+from .irvec import INT32, V16F, V16I, arrays, fma16, load_at, splat
 from .vnni import CHUNK, OFFSETS, block_codes, dpbusd, scale16
 
 TOKENS = 8  # tokens per call: 8 float accumulators + 8 code vectors fit in the 32 zmm registers
@@ -36,9 +36,7 @@ def _gemm_codegen(kind):
     past the end of xq4 are computed on the last token and not stored."""
 
     def codegen(context, builder, sig, args):
-        arrays = [context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:6], args[:6])]
-        qs, qh, d, x4, xs, xd = arrays
-        out = context.make_array(sig.args[9])(context, builder, args[9])
+        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 9)
         i64 = ir.IntType(64)
         g, c, t0 = (builder.sext(a, i64) if a.type != i64 else a for a in args[6:9])
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
@@ -62,18 +60,15 @@ def _gemm_codegen(kind):
                 tb = builder.add(builder.mul(t, n_blocks), b)
                 isum = None
                 for j in range(8):
-                    x = builder.load(builder.gep(x4.data, [builder.add(builder.mul(tb, ir.Constant(i64, 8)),
-                                                                        ir.Constant(i64, j))]))
-                    isum = dpbusd(builder, isum, codes[j], splat(builder, x, V16I))
+                    isum = dpbusd(builder, isum, codes[j], splat(builder, load_at(builder, x4.data, tb, 8, j), V16I))
                 if off_mul:
-                    total = builder.load(builder.gep(xs.data, [builder.mul(tb, ir.Constant(i64, 16))]))
+                    total = load_at(builder, xs.data, tb, 16, 0)
                     isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(INT32, off_mul)), V16I))
-                dx = builder.load(builder.gep(xd.data, [builder.mul(tb, ir.Constant(i64, 2))]))
+                dx = load_at(builder, xd.data, tb, 2, 0)
                 acc = fma16(builder, scale16(builder, d.data, d_base, dx), builder.sitofp(isum, V16F),
                             builder.load(accs[i]))
                 if kind in (3, 7):
-                    sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(tb, ir.Constant(i64, 2)),
-                                                                         ir.Constant(i64, 1))]))
+                    sx = load_at(builder, xd.data, tb, 2, 1)
                     acc = builder.fadd(acc, scale16(builder, d.data, builder.add(d_base, R), sx))
                 builder.store(acc, accs[i])
         col = builder.add(builder.mul(g, R), row0)

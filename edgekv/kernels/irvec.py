@@ -37,3 +37,22 @@ def fma16(builder, a, b, c):
 def halves_to_float(builder, bits):
     """16 IEEE halves (as i16 lanes) -> float32, exactly."""
     return builder.fpext(builder.bitcast(bits, V16H), V16F)
+
+
+def lanes(builder, vec, first, n):
+    """Lanes first .. first + n - 1 of vec, as an n-lane vector."""
+    undef = ir.Constant(vec.type, ir.Undefined)
+    return builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(INT32, n), list(range(first, first + n))))
+
+
+def load_at(builder, data, row, width, col):
+    """data[row * width + col] for an element pointer `data` and i64 `row`; width, col: ints."""
+    i64 = ir.IntType(64)
+    return builder.load(builder.gep(data, [builder.add(builder.mul(row, ir.Constant(i64, width)),
+                                                       ir.Constant(i64, col))]))
+
+
+def arrays(context, builder, sig, args, *which):
+    """The array arguments at positions `which` of an intrinsic's call, as Numba's array
+    structs (`.data`: element pointer, `.shape`: i64 tuple)."""
+    return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]

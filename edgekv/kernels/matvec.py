@@ -118,8 +118,12 @@ def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, is
 
 @nb.njit(**JIT_FLAGS)
 def matvec_vnni(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
-    # 32-value block types through vnni.py: same bits as matvec_lanes, 16 rows per call
+    # 32-value block types through vnni.py: same bits as matvec_lanes, 16 rows per call;
+    # out_pad: f32[G * R] when the last group has padding rows, else empty (out is written)
     act.quantize_act_q8(x, xq, xd, xsum)
+    if out_pad.size == 0:
+        vnni_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out)
+        return
     vnni_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out_pad)
     out[:] = out_pad[:out.shape[0]]
 
@@ -209,7 +213,8 @@ class QuantMatrix:
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         # the AVX512-VNNI kernels (vnni.py) where the CPU has them and the type is theirs
         self._vnni = vnni and lanes % CHUNK == 0
-        self._out_pad = np.zeros(self._p.n_groups * lanes if self._vnni else 0, np.float32)
+        padded = self._vnni and self.n_rows != self._p.n_groups * lanes
+        self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
     @property

@@ -30,12 +30,13 @@ from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
 from .intrinsics import host_has
-from .irvec import INT32, V16F, V16I, V16S, fma16, halves_to_float, load16, splat
+from .irvec import INT32, V16F, V16I, V16S, arrays, fma16, halves_to_float, load16, load_at, splat
 
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
 VNNI_TYPES = (8, 2, 3, 6, 7)  # ggml Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 CHUNK = 16  # rows per call: one zmm register of float32
 OFFSETS = {8: 128, 2: 8, 6: 16}  # what the codes fed to vpdpbusd exceed ggml's signed codes by
+
 
 def dpbusd(builder, acc, words_u8, x4):
     # acc + per 32-bit lane the sum of 4 products (unsigned bytes of words_u8) x (signed bytes of x4)
@@ -86,44 +87,30 @@ def _chunk_codegen(kind):
     """IR body for ggml type `kind`: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + 16c : +16]."""
 
     def codegen(context, builder, sig, args):
-        qs_t, qh_t, d_t, x4_t, xs_t, xd_t = sig.args[:6]
-        qs = context.make_array(qs_t)(context, builder, args[0])
-        qh = context.make_array(qh_t)(context, builder, args[1])
-        d = context.make_array(d_t)(context, builder, args[2])
-        x4 = context.make_array(x4_t)(context, builder, args[3])
-        xs = context.make_array(xs_t)(context, builder, args[4])
-        xd = context.make_array(xd_t)(context, builder, args[5])
-        out = context.make_array(sig.args[8])(context, builder, args[8])
-        args = args[1:]  # g, c at 5, 6 as before
+        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 8)
         i64 = ir.IntType(64)
-        g, c = builder.sext(args[5], i64) if args[5].type != i64 else args[5], args[6]
-        c = builder.sext(c, i64) if c.type != i64 else c
+        g, c = (builder.sext(a, i64) if a.type != i64 else a for a in args[6:8])
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
         n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
         row0 = builder.mul(c, ir.Constant(i64, CHUNK))
-        zero = ir.Constant(V16F, None)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(9)]  # 8 lanes + Q4_1's min sum
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, None))
+                for _ in range(9)]  # 8 lanes + Q4_1/Q5_1's min sum
         off_mul = OFFSETS.get(kind, 0)
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
-            dx = builder.load(builder.gep(xd.data, [builder.mul(b, ir.Constant(i64, 2))]))
-            scale = scale16(builder, d.data, d_base, dx)
+            scale = scale16(builder, d.data, d_base, load_at(builder, xd.data, b, 2, 0))
             codes = block_codes(builder, kind, qs, qh, gb, n_words, R, row0)
             for j in range(8):
-                xi = builder.add(builder.mul(b, ir.Constant(i64, 8)), ir.Constant(i64, j))
-                lane = dpbusd(builder, None, codes[j], splat(builder, builder.load(builder.gep(x4.data, [xi])), V16I))
+                lane = dpbusd(builder, None, codes[j], splat(builder, load_at(builder, x4.data, b, 8, j), V16I))
                 if off_mul:
-                    xsum = builder.load(builder.gep(xs.data, [builder.add(builder.mul(b, ir.Constant(i64, 16)),
-                                                                           ir.Constant(i64, 8 + j))]))
+                    xsum = load_at(builder, xs.data, b, 16, 8 + j)
                     lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), V16I))
                 acc = builder.load(accs[j])
                 builder.store(fma16(builder, scale, builder.sitofp(lane, V16F), acc), accs[j])
             if kind in (3, 7):
-                sx = builder.load(builder.gep(xd.data, [builder.add(builder.mul(b, ir.Constant(i64, 2)),
-                                                                     ir.Constant(i64, 1))]))
-                mins = scale16(builder, d.data, builder.add(d_base, R), sx)
+                mins = scale16(builder, d.data, builder.add(d_base, R), load_at(builder, xd.data, b, 2, 1))
                 builder.store(builder.fadd(builder.load(accs[8]), mins), accs[8])
         a = [builder.load(p) for p in accs]
         s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
