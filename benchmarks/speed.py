@@ -3,7 +3,7 @@ recorded figures.
 
 edgekv is measured exactly as `edgekv bench` measures it (edgekv/bench.py: llama-bench's
 tests on random ids, one warm-up, a depth prefix that is not timed). llama.cpp's figures
-are the ones in ../shared/reference/README.md (llama-bench -t 2 on a machine of the same
+are the ones in tests/reference/README.md (llama-bench -t 2 on a machine of the same
 class, on another day), so the ratio is a first indication; compare_llama_cpp.py measures
 both engines in one run.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-LLAMA_CPP = {  # llama-bench -t 2, tokens/s (../shared/reference/README.md)
+LLAMA_CPP = {  # llama-bench -t 2, tokens/s (tests/reference/README.md)
     "smollm2-135m-instruct": {"pp512": 347.0, "tg128": 108.0,
                               "tg64 @ d4096 f16": 30.5, "tg64 @ d4096 q8_0": 31.2, "tg64 @ d4096 q4_0": 21.9},
     "gemma3-270m": {"pp512": 699.0, "tg128": 52.0},

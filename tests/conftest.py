@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-REFERENCE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"  # llama.cpp's results (its README)
 
 
 @pytest.fixture(scope="session")
 def reference() -> dict:
     path = REFERENCE_DIR / "llama_cpp_reference.json"
-    assert path.is_file(), f"llama.cpp reference data missing at {path} (../shared beside the repo)"
+    assert path.is_file(), f"llama.cpp reference data missing at {path} (tests/reference/README.md says how it is made)"
     return json.loads(path.read_text())
 
 

@@ -1,4 +1,4 @@
-"""`edgekv perplexity` on ../shared/reference/gpl3.txt against llama-perplexity's figures.
+"""`edgekv perplexity` on tests/reference/gpl3.txt against llama-perplexity's figures.
 
 The bar (reference README): within 1% of llama.cpp's PPL with the same cache type (K and
 V alike): f16 at -c 512 and -c 2048, q8_0 and q4_0 at -c 512. At 2048 Gemma 3's local layers see only their

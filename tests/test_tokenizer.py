@@ -1,5 +1,5 @@
 """Tokenizers: tiny hand-built vocabs (no model needed), then the two real models against
-llama.cpp's own token ids in ../shared/reference/llama_cpp_reference.json."""
+llama.cpp's own token ids in tests/reference/llama_cpp_reference.json."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from edgekv.tokenizer import StreamingDetokenizer, Tokenizer, decode_utf8_like_l
 from edgekv.tokenizer_bpe import BYTE_TO_UNICODE, PRE_TOKENIZERS, BPEModel, byte_encode
 from edgekv.tokenizer_vocab import ATTR_BYTE
 
-REFERENCE_GPL3 = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "gpl3.txt"
+REFERENCE_GPL3 = Path(__file__).resolve().parent / "reference" / "gpl3.txt"
 
 # --- tiny vocabularies ---------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 This is how edgekv was made bit-identical to llama.cpp: run the same tokens through
 both, then find the first tensor that differs (`ffn_inp-3`, `kq-0`, ...). It needs
 llama-cpp-python, which is not an edgekv dependency; build it as
-../shared/reference/README.md describes (CPU flags for these machines), e.g. in its own
+tests/reference/README.md describes (CPU flags for these machines), e.g. in its own
 virtualenv, and run this script with that interpreter:
 
     /tmp/lcpp/bin/python tools/llama_cpp_dump.py MODEL.gguf 504,3575,282 out.npz [--batch]

@@ -1,6 +1,6 @@
 """`edgekv perplexity`: llama.cpp's llama-perplexity method, exactly, on a text file.
 
-What lives here: the method and its report. The method (../shared/reference/perplexity.json):
+What lives here: the method and its report. The method (the project's tests/reference/perplexity.json):
 tokenize the whole file (BOS added when the model adds one); cut it into consecutive chunks
 of n_ctx tokens (the remainder is dropped; at least two chunks are needed, as llama.cpp
 requires); in each chunk the first token is replaced by BOS when the model adds BOS; each
