@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 from edgekv.gguf import GGUFFile
 from edgekv.models import build_model
@@ -23,11 +23,58 @@ def _weights(g: GGUFFile) -> dict[str, np.ndarray]:
     return out
 
 
+def _sylvester(n: int) -> np.ndarray:
+    """The orthonormal n x n Walsh-Hadamard matrix, Sylvester's construction."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def _rotation_size(head_dim: int, largest: bool) -> int:
+    """llama.cpp rotates rows of a quantized cache by a Hadamard matrix (when head_dim is a
+    multiple of 64): K by the largest power of two >= 64 dividing head_dim, V by 64."""
+    if head_dim % 64:
+        return 0
+    n = 64
+    while largest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def cache_round(x: np.ndarray, cache_type: str, largest: bool) -> np.ndarray:
+    """What a cache of `cache_type` gives back for rows x[..., head_dim]: the values rounded
+    to f16/bf16, or rotated, quantized into ggml blocks by `gguf.quants`, dequantized and
+    rotated back (largest: the K rule of the rotation size, else V's)."""
+    if cache_type == "f32":
+        return x
+    if cache_type == "f16":
+        return x.astype(np.float16).astype(np.float64)
+    qtype = GGMLQuantizationType[cache_type.upper()]
+    n = _rotation_size(x.shape[-1], largest)
+    h = _sylvester(n) if n else None
+    y = (x.reshape(-1, n) @ h).reshape(x.shape) if n else x
+    rows = y.reshape(-1, x.shape[-1]).astype(np.float32)
+    y = dequantize(quantize(rows, qtype), qtype).astype(np.float64).reshape(x.shape)
+    return (y.reshape(-1, n) @ h).reshape(x.shape) if n else y
+
+
 class ReferenceModel:
-    def __init__(self, path):
+    """cache_type_k / cache_type_v: the cache types whose rounding K and V go through
+    (`cache_round`); f32 = none."""
+
+    def __init__(self, path, cache_type_k: str = "f32", cache_type_v: str = "f32"):
         g = GGUFFile(path)
         self.hp = build_model(g).hp
         self.w = _weights(g)
+        self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+
+    def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W^T for the weight `name` (dequantized by gguf.quants)."""
+        return x @ self.w[name].T
+
+    def round_kv(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return cache_round(k, self.cache_type_k, largest=True), cache_round(v, self.cache_type_v, largest=False)
 
     def _rms(self, x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.hp.norm_eps) * w
@@ -71,26 +118,27 @@ class ReferenceModel:
         for i in range(hp.n_layers):
             p = f"blk.{i}."
             h = self._rms(x, w[p + "attn_norm.weight"])
-            q = (h @ w[p + "attn_q.weight"].T).reshape(n, hp.n_heads, hp.head_dim)
-            k = (h @ w[p + "attn_k.weight"].T).reshape(n, hp.n_kv_heads, hp.head_dim)
-            v = (h @ w[p + "attn_v.weight"].T).reshape(n, hp.n_kv_heads, hp.head_dim_v)
+            q = self._mm(h, p + "attn_q.weight").reshape(n, hp.n_heads, hp.head_dim)
+            k = self._mm(h, p + "attn_k.weight").reshape(n, hp.n_kv_heads, hp.head_dim)
+            v = self._mm(h, p + "attn_v.weight").reshape(n, hp.n_kv_heads, hp.head_dim_v)
             if gemma:
                 q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
             local = hp.local_layers[i]
             theta = hp.rope_theta_local if local else hp.rope_theta
             q, k = self._rope(q, pos, theta), self._rope(k, pos, theta)
-            o = self._attention(q, k, v, pos, hp.window if local else 0) @ w[p + "attn_output.weight"].T
+            k, v = self.round_kv(k, v)
+            o = self._mm(self._attention(q, k, v, pos, hp.window if local else 0), p + "attn_output.weight")
             x = x + (self._rms(o, w[p + "post_attention_norm.weight"]) if gemma else o)
             h = self._rms(x, w[p + "ffn_norm.weight"])
-            a, b = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+            a, b = self._mm(h, p + "ffn_gate.weight"), self._mm(h, p + "ffn_up.weight")
             if gemma:
                 act = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
             else:
                 act = a / (1 + np.exp(-a))
-            f = (act * b) @ w[p + "ffn_down.weight"].T
+            f = self._mm(act * b, p + "ffn_down.weight")
             x = x + (self._rms(f, w[p + "post_ffw_norm.weight"]) if gemma else f)
-        out_w = w.get("output.weight", w["token_embd.weight"])
-        logits = self._rms(x, w["output_norm.weight"]) @ out_w.T
+        out_name = "output.weight" if "output.weight" in w else "token_embd.weight"
+        logits = self._mm(self._rms(x, w["output_norm.weight"]), out_name)
         if hp.final_softcap:
             logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
         return logits
@@ -125,6 +173,7 @@ class ReferenceSession:
         for i in range(self.m.hp.n_layers):
             k = self.k[i][keep]
             k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self._theta(i))
+            k[moved] = cache_round(k[moved], self.m.cache_type_k, largest=True)  # re-stored after the shift
             self.k[i], self.v[i] = k, self.v[i][keep]
         self.pos = np.arange(len(keep), dtype=np.float64)
 
@@ -137,12 +186,13 @@ class ReferenceSession:
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = m._rms(x, w[b + "attn_norm.weight"])
-            q = (h @ w[b + "attn_q.weight"].T).reshape(1, hp.n_heads, hp.head_dim)
-            k = (h @ w[b + "attn_k.weight"].T).reshape(1, hp.n_kv_heads, hp.head_dim)
-            v = (h @ w[b + "attn_v.weight"].T).reshape(1, hp.n_kv_heads, hp.head_dim_v)
+            q = m._mm(h, b + "attn_q.weight").reshape(1, hp.n_heads, hp.head_dim)
+            k = m._mm(h, b + "attn_k.weight").reshape(1, hp.n_kv_heads, hp.head_dim)
+            v = m._mm(h, b + "attn_v.weight").reshape(1, hp.n_kv_heads, hp.head_dim_v)
             if gemma:
                 q, k = m._rms(q, w[b + "attn_q_norm.weight"]), m._rms(k, w[b + "attn_k_norm.weight"])
             q, k = m._rope(q, np.array([p]), self._theta(i)), m._rope(k, np.array([p]), self._theta(i))
+            k, v = m.round_kv(k, v)
             self.k[i], self.v[i] = np.concatenate([self.k[i], k]), np.concatenate([self.v[i], v])
             window = hp.window if hp.local_layers[i] else 0
             vis = (p - self.pos) < window if window else np.ones(len(self.pos), bool)
@@ -152,12 +202,13 @@ class ReferenceSession:
                 sc = self.k[i][vis, hh // group] @ q[0, hh] * hp.attn_scale
                 e = np.exp(sc - sc.max())
                 o[hh] = e @ self.v[i][vis, hh // group] / e.sum()
-            o = o.reshape(1, -1) @ w[b + "attn_output.weight"].T
+            o = m._mm(o.reshape(1, -1), b + "attn_output.weight")
             x = x + (m._rms(o, w[b + "post_attention_norm.weight"]) if gemma else o)
             h = m._rms(x, w[b + "ffn_norm.weight"])
-            a, c = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            a, c = m._mm(h, b + "ffn_gate.weight"), m._mm(h, b + "ffn_up.weight")
             act = _ggml_gelu(a) if gemma else a / (1 + np.exp(-a))
-            f = (act * c) @ w[b + "ffn_down.weight"].T
+            f = m._mm(act * c, b + "ffn_down.weight")
             x = x + (m._rms(f, w[b + "post_ffw_norm.weight"]) if gemma else f)
-        logits = m._rms(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
+        out_name = "output.weight" if "output.weight" in w else "token_embd.weight"
+        logits = m._mm(m._rms(x, w["output_norm.weight"]), out_name)
         return logits[0]
