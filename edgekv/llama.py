@@ -244,9 +244,11 @@ class Llama(StateMixin):
             self.eval([token] + list(extra or ()))
 
     def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
-                sampling: dict[str, Any], recorder: LogprobRecorder | None = None) -> Pieces:
+                sampling: dict[str, Any], recorder: LogprobRecorder | None = None, ignore_eos: bool = False) -> Pieces:
         """(text, None, logprobs) pieces of the completion, then (text, finish_reason, logprobs)
-        once (completion.Pieces). sampling: sampler_for's keywords, seed and stopping_criteria."""
+        once (completion.Pieces). sampling: sampler_for's keywords, seed and stopping_criteria.
+        ignore_eos: llama.cpp's --ignore-eos: the end-of-generation tokens (and stop_ids) get a
+        logit bias of -inf, so only max_tokens, a stop string or a full context ends the text."""
         tokens = self._fit_prompt(prompt)
         limit = self._room_for(tokens, max_tokens)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
@@ -254,6 +256,9 @@ class Llama(StateMixin):
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
         finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
         sampling = dict(sampling)
+        if ignore_eos:
+            sampling["logit_bias"] = {**(sampling.get("logit_bias") or {}), **{t: -np.inf for t in is_end}}
+            is_end = set()
         criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
         sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed)
 
@@ -328,11 +333,12 @@ class Llama(StateMixin):
                           repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
                           logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                          **options: Any) -> dict | Iterator[dict]:
+                          ignore_eos: bool = False, **options: Any) -> dict | Iterator[dict]:
         """Complete `prompt` (text, or token ids). max_tokens None or <= 0: until the context
         is full or an end-of-generation token. stop: a string or several; the text ends before
         the first one found (also across tokens, also when streaming). seed None: the Llama's.
-        logit_bias: {token id: added to its logit}. logprobs=n: choices[0]["logprobs"] in the
+        logit_bias: {token id: added to its logit}. ignore_eos: never sample an end-of-generation
+        token (llama.cpp's --ignore-eos; for long benchmark and test runs). logprobs=n: choices[0]["logprobs"] in the
         completions shape (tokens, text_offset, token_logprobs, top_logprobs with the n most
         likely and the chosen token; edgekv/logprobs.py), per chunk when streaming.
         Returns a `text_completion` dict (with `usage`), or an iterator of chunks when stream.
@@ -351,7 +357,7 @@ class Llama(StateMixin):
         head = completion_head(model or self.model_path)
         prompt_text = self.detokenize(ids).decode("utf-8", errors="replace")
         prefix = prompt_text if echo else ""
-        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling, recorder)
+        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling, recorder, ignore_eos)
         if stream:
             return completion_chunks(head, prefix, pieces, len(prompt_text))
         text, finish, records = collect(pieces)
@@ -365,10 +371,11 @@ class Llama(StateMixin):
                                repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                                presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
                                logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
-                               top_logprobs: int | None = None, **options: Any) -> dict | Iterator[dict]:
+                               top_logprobs: int | None = None, ignore_eos: bool = False,
+                               **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Sampling options as for create_completion (max_tokens None: until the turn ends or the
-        context is full). logprobs=True: choices[0]["logprobs"] = {"content": [{"token",
+        context is full; ignore_eos: the turn-end tokens are never sampled either). logprobs=True: choices[0]["logprobs"] = {"content": [{"token",
         "logprob", "bytes", "top_logprobs": the top_logprobs most likely}]}, per chunk when streaming.
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (tools, response_format, ... only when off)."""
@@ -386,7 +393,7 @@ class Llama(StateMixin):
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
-        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder)
+        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos)
         if stream:
             return chat_chunks(head, pieces)
         text, finish, records = collect(pieces)

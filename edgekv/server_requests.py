@@ -84,6 +84,7 @@ def sampling_options(body: dict, n_vocab: int) -> dict[str, Any]:
         frequency_penalty=field(body, "frequency_penalty", _NUMBER, "a number"),
         repeat_penalty=field(body, "repeat_penalty", _NUMBER, "a number > 0", lambda v: v > 0),
         logit_bias=_logit_bias(body, n_vocab),
+        ignore_eos=field(body, "ignore_eos", bool, "true or false"),  # llama.cpp server's extension
         # the facade decides whether it can honour these (an EdgeKVError -> 400 otherwise)
         logprobs=body.get("logprobs"), top_logprobs=body.get("top_logprobs"), tools=body.get("tools") or None,
         response_format=None if body.get("response_format") in (None, {"type": "text"}) else body["response_format"],

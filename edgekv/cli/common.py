@@ -119,6 +119,9 @@ def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1
     p.add_argument("--presence-penalty", type=float, default=0.0, help="(default: 0.0)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="(default: 0.0)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, -1 = random (default: 0, runs repeat)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never end the text with an end-of-generation token: only -n, a stop string or a "
+                        "full context ends it (for long benchmark and test runs)")
 
 
 def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
@@ -136,7 +139,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
     return dict(max_tokens=args.n_predict if args.n_predict > 0 else None, temperature=args.temp,
                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                 presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-                seed=args.seed)
+                seed=args.seed, ignore_eos=args.ignore_eos)
 
 
 def print_stats(stats: "GenerationStats", llm: "Llama") -> None:
