@@ -15,7 +15,7 @@ PULL        := $(PY) -m edgekv pull
 
 test: $(STAMP)
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 chat: $(STAMP)
 	$(PULL)

@@ -74,12 +74,17 @@ def test_k_quants_run_close_to_reference(tiny_model, weight_type):
 def test_context_full_leaves_session_usable(tiny_model):
     from edgekv.errors import ContextFullError
 
-    s = load(tiny_model("llama")).session(n_ctx=16, n_batch=4)
+    model = load(tiny_model("llama"))
+    s = model.session(n_ctx=16, n_batch=4)
     s.eval(TOKENS[:10])
     before = s.logits.copy()
     with pytest.raises(ContextFullError):
         s.eval(TOKENS[10:])
     assert s.n_tokens == s.cache.n_tokens == 10
+    np.testing.assert_array_equal(s.logits, before)  # the refused input changed nothing
     s.eval(TOKENS[10:14])
     assert s.n_tokens == s.cache.n_tokens == 14
-    np.testing.assert_array_equal(before.shape, s.logits.shape)
+    fresh = model.session(n_ctx=16, n_batch=4)  # the same chunks, never refused: the same bits
+    fresh.eval(TOKENS[:10])
+    fresh.eval(TOKENS[10:14])
+    np.testing.assert_array_equal(s.logits, fresh.logits)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from edgekv.server import create_app
 
 KEY = "test-key"
 N_CTX = 512
+WAIT_S = 120  # the longest any request, thread or process in these tests may take: then it fails
 HELLO = [{"role": "user", "content": "Name three colours."}]
 
 
@@ -38,8 +40,9 @@ def serving(app):
         yield sock.getsockname()[1]
     finally:
         server.should_exit = True
-        thread.join()
+        thread.join(WAIT_S)
         sock.close()
+        assert not thread.is_alive(), f"the server did not stop within {WAIT_S} s"
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +57,18 @@ def server(llm):
         yield app, port
 
 
+def openai_client(url: str, api_key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=WAIT_S)
+
+
 @pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{server[1]}/v1", api_key=KEY, max_retries=0)
+    return openai_client(f"http://127.0.0.1:{server[1]}/v1")
 
 
 def post(port: int, path: str, body: bytes, headers: dict | None = None, chunked: bool = False):
     """(status, parsed JSON body) of a raw POST."""
-    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
     if chunked:
         conn.request("POST", path, body=iter([body[i : i + 4096] for i in range(0, len(body), 4096)]),
@@ -131,7 +138,7 @@ def test_logit_bias_bans_a_token(client, llm):
 
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
-    conn = http.client.HTTPConnection("127.0.0.1", server[1])
+    conn = http.client.HTTPConnection("127.0.0.1", server[1], timeout=WAIT_S)
     conn.request("GET", "/health")  # no key needed
     response = conn.getresponse()
     assert response.status == 200 and json.loads(response.read())["status"] == "ok"
@@ -139,7 +146,8 @@ def test_models_and_health(client, server):
 
 @pytest.mark.parametrize("bad", [dict(n=2), dict(max_tokens=-1), dict(temperature="hot"), dict(top_p=2),
                                  dict(stop=3), dict(logit_bias={"x": 1}), dict(logit_bias={"99999999": 1}),
-                                 dict(messages=[]), dict(messages=[{"content": "no role"}])])
+                                 dict(messages=[]), dict(messages=[{"content": "no role"}]),
+                                 dict(extra_body={"ignore_eos": "yes"})])
 def test_bad_request(client, bad):
     kw = dict(model="m", messages=HELLO, max_tokens=4)
     with pytest.raises(openai.BadRequestError) as err:
@@ -169,7 +177,7 @@ def test_prompt_longer_than_context(client):
 
 
 def test_wrong_api_key(server):
-    wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{server[1]}/v1", api_key="nope", max_retries=0)
+    wrong = openai_client(f"http://127.0.0.1:{server[1]}/v1", api_key="nope")
     with pytest.raises(openai.AuthenticationError):
         wrong.chat.completions.create(model="m", messages=HELLO, max_tokens=4)
     with pytest.raises(openai.AuthenticationError):
@@ -194,26 +202,27 @@ def test_conversation_reuses_its_prefix(client, llm):
 
 
 def test_disconnect_stops_generation(client, server, llm):
-    queue = server[0].state.queue
-    before = queue.stopped_early
-    eos = {str(t): -100 for t in (llm.token_eos(),)}  # no early end: only the disconnect can stop it
-    stream = client.completions.create(model="m", prompt="Once upon a time", max_tokens=400, temperature=0,
-                                       logit_bias=eos, stream=True)
+    jobs = server[0].state.queue
+    before = jobs.stopped_early
+    # no end token, and room for the whole context: only the disconnect can stop it early,
+    # however fast the model is (a stopped generation is counted before the next one runs)
+    stream = client.completions.create(model="m", prompt="Once upon a time", max_tokens=N_CTX, temperature=0,
+                                       extra_body={"ignore_eos": True}, stream=True)
     for _, _ in zip(range(2), stream):
         pass
     stream.close()
     after = client.completions.create(model="m", prompt="Hi", max_tokens=2)  # runs after the stopped one
-    assert after.choices and queue.stopped_early == before + 1
-    with queue.hold():  # the worker thread is past `after`'s bookkeeping once it runs this
+    assert after.choices and jobs.stopped_early == before + 1
+    with jobs.hold():  # the worker thread is past `after`'s bookkeeping once it runs this
         pass
-    assert queue.pending == 0
+    assert jobs.pending == 0
 
 
 def test_full_queue_is_429(llm):
     app = create_app(llm, max_queue=1)
     results, answered = [], threading.Event()
     with serving(app) as port:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1", api_key="none")
 
         def ask() -> None:
             try:
@@ -226,11 +235,12 @@ def test_full_queue_is_429(llm):
             threads = [threading.Thread(target=ask) for _ in range(2)]
             for t in threads:
                 t.start()
-            answered.wait()  # only the refused one can be answered while the model is held
+            assert answered.wait(WAIT_S)  # only the refused one can be answered while the model is held
             assert len(results) == 1 and isinstance(results[0], openai.RateLimitError)
             assert results[0].response.json()["error"]["code"] == "queue_full"
         for t in threads:
-            t.join()
+            t.join(WAIT_S)
+            assert not t.is_alive(), f"a request was not answered within {WAIT_S} s"
         assert results[1].choices  # the waiting one is answered once the model is free
         assert client.completions.create(model="m", prompt="Hi", max_tokens=2).choices
 
@@ -238,7 +248,7 @@ def test_full_queue_is_429(llm):
 def test_zero_queue_refuses_while_busy(llm):
     app = create_app(llm, max_queue=0)
     with serving(app) as port:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1", api_key="none")
         with app.state.queue.hold():
             with pytest.raises(openai.RateLimitError):
                 client.completions.create(model="m", prompt="Hi", max_tokens=2)
@@ -250,17 +260,26 @@ def test_serve_command(smollm2_path):
     cmd = [sys.executable, "-m", "edgekv", "serve", "-m", str(smollm2_path), "-c", "256", "--port", "0",
            "--api-key", KEY]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put("")], daemon=True).start()
     try:
         line = ""
         while "serving" not in line:
-            line = proc.stderr.readline()
+            try:
+                line = lines.get(timeout=WAIT_S)
+            except queue.Empty:
+                pytest.fail(f"the server printed no 'serving' line within {WAIT_S} s")
             assert line, "the server exited before listening"
         url = line.split(" at ")[1].split()[0]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
-        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+        client = openai_client(url)
         assert client.chat.completions.create(model="m", messages=HELLO, max_tokens=4).choices[0].message.content
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+            openai_client(url, api_key="wrong").models.list()
     finally:
         proc.terminate()
-        proc.wait()
+        try:
+            proc.wait(WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
