@@ -18,6 +18,7 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from gguf import GGMLQuantizationType as T
 
 from .attention import softmax_numerators, visible
 from .config import JIT_FLAGS, PARALLEL_FLAGS
@@ -29,7 +30,7 @@ def _block_codes(builder, src, offset, ggml_type):
     """The 32 codes of a Q8_0 / Q4_0 block at byte offset (after its f16 scale) as two
     float vectors (values 0-15, 16-31), Q4_0's -8 applied."""
     i8 = ir.IntType(8)
-    if ggml_type == 8:
+    if ggml_type == T.Q8_0:
         raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 32).as_pointer()), align=1)
         wide = builder.sitofp(raw, ir.VectorType(FLOAT, 32))
         return lanes(builder, wide, 0, 16), lanes(builder, wide, 16, 16)
@@ -104,9 +105,9 @@ _dot_q4_0, _add_q4_0 = _row_intrinsic(2, 18)
 def dot_row(src, ggml_type, x, scratch):
     # x . (cache row src dequantized); Q8_0 and Q4_0 are read in place (LLVM IR above),
     # other types go through scratch: f32[len(x)]
-    if ggml_type == 8:
+    if ggml_type == T.Q8_0:
         return _dot_q8_0(x, src)
-    if ggml_type == 2:
+    if ggml_type == T.Q4_0:
         return _dot_q4_0(x, src)
     dequant_row(src, ggml_type, scratch)
     total = np.float32(0.0)
@@ -118,9 +119,9 @@ def dot_row(src, ggml_type, x, scratch):
 @nb.njit(**dict(JIT_FLAGS, inline="always"))
 def add_row(src, ggml_type, w, acc, scratch):
     # acc += w * (cache row src dequantized), Q8_0 and Q4_0 in place (see dot_row)
-    if ggml_type == 8:
+    if ggml_type == T.Q8_0:
         _add_q8_0(acc, np.float32(w), src)
-    elif ggml_type == 2:
+    elif ggml_type == T.Q4_0:
         _add_q4_0(acc, np.float32(w), src)
     else:
         dequant_row(src, ggml_type, scratch)

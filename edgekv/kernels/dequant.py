@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .fp16 import bf16_to_f32, f16_to_f32
@@ -194,27 +195,27 @@ def dequant_row_q6_k(src, dst):
 @nb.njit(**EXACT_FLAGS)
 def dequant_row(src, ggml_type, dst):
     # one row of any supported type (ggml type ids); unknown ids are rejected by quants.py
-    if ggml_type == 0:
+    if ggml_type == T.F32:
         dequant_row_f32(src, dst)
-    elif ggml_type == 1:
+    elif ggml_type == T.F16:
         dequant_row_f16(src, dst)
-    elif ggml_type == 2:
+    elif ggml_type == T.Q4_0:
         dequant_row_q4_0(src, dst)
-    elif ggml_type == 3:
+    elif ggml_type == T.Q4_1:
         dequant_row_q4_1(src, dst)
-    elif ggml_type == 6:
+    elif ggml_type == T.Q5_0:
         dequant_row_q5_0(src, dst)
-    elif ggml_type == 7:
+    elif ggml_type == T.Q5_1:
         dequant_row_q5_1(src, dst)
-    elif ggml_type == 8:
+    elif ggml_type == T.Q8_0:
         dequant_row_q8_0(src, dst)
-    elif ggml_type == 12:
+    elif ggml_type == T.Q4_K:
         dequant_row_q4_k(src, dst)
-    elif ggml_type == 13:
+    elif ggml_type == T.Q5_K:
         dequant_row_q5_k(src, dst)
-    elif ggml_type == 14:
+    elif ggml_type == T.Q6_K:
         dequant_row_q6_k(src, dst)
-    elif ggml_type == 30:
+    elif ggml_type == T.BF16:
         dequant_row_bf16(src, dst)
 
 

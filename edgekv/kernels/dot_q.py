@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS, JIT_FLAGS
 from .fp16 import f16_to_f32
@@ -148,17 +149,17 @@ def dot_blocks(kind, qs, qh, d, xq, xd, g, acc, isum):
     n_blocks = qs.shape[1]
     s8, scale = isum[0:8], acc[0]
     acc[:] = 0.0
-    offset = 8 if kind == 2 else (16 if kind == 6 else 0)  # Q4_0 / Q5_0 codes are q - 8 / q - 16
+    offset = 8 if kind == T.Q4_0 else (16 if kind == T.Q5_0 else 0)  # Q4_0 / Q5_0 codes are q - 8 / q - 16
     for b in range(n_blocks):
-        if kind == 8:
+        if kind == T.Q8_0:
             byte_lane_sums(qs, g, b, xq, s8)
         else:
             nibble_lane_sums(qs, qh, g, b, xq, offset, s8)
         block_scale(d, g, b, xd[b, 0], scale)
         lanes_fma(acc, scale, s8)
-        if kind == 3 or kind == 7:
+        if kind == T.Q4_1 or kind == T.Q5_1:
             add_mins(d, g, b, xd[b, 1], acc)
     lanes_hsum(acc)
-    if kind == 3 or kind == 7:
+    if kind == T.Q4_1 or kind == T.Q5_1:
         for r in range(acc.shape[1]):
             acc[0, r] = F32(acc[0, r] + acc[9, r])

@@ -22,6 +22,7 @@ import numba as nb
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from gguf import GGMLQuantizationType as T
 
 from . import activations as act
 from .config import EXACT_FLAGS
@@ -67,7 +68,7 @@ def _gemm_codegen(kind):
                 dx = load_at(builder, xd.data, tb, 2, 0)
                 acc = fma16(builder, scale16(builder, d.data, d_base, dx), builder.sitofp(isum, V16F),
                             builder.load(accs[i]))
-                if kind in (3, 7):
+                if kind in (T.Q4_1, T.Q5_1):
                     sx = load_at(builder, xd.data, tb, 2, 1)
                     acc = builder.fadd(acc, scale16(builder, d.data, builder.add(d_base, R), sx))
                 builder.store(acc, accs[i])
@@ -91,8 +92,8 @@ def _gemm_intrinsic(kind):
     return gemm
 
 
-_GEMM = {kind: _gemm_intrinsic(kind) for kind in (8, 2, 3, 6, 7)}
-_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_GEMM[k] for k in (8, 2, 3, 6, 7))
+_GEMM = {kind: _gemm_intrinsic(kind) for kind in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)}
+_q8_0, _q4_0, _q4_1, _q5_0, _q5_1 = (_GEMM[k] for k in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1))
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
@@ -110,13 +111,13 @@ def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     for job in nb.prange(qs.shape[0] * per_group):
         g, c = job // per_group, job % per_group
         for t0 in range(0, n_tok, TOKENS):
-            if kind == 8:
+            if kind == T.Q8_0:
                 _q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-            elif kind == 2:
+            elif kind == T.Q4_0:
                 _q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-            elif kind == 3:
+            elif kind == T.Q4_1:
                 _q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-            elif kind == 6:
+            elif kind == T.Q5_0:
                 _q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
             else:
                 _q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)

@@ -26,6 +26,7 @@ import threading
 
 import numba as nb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from ..errors import UnsupportedModelError
 from ..quants import quant_type, row_nbytes
@@ -53,11 +54,11 @@ def dot_float(kind, w, d, x, g, acc2):
     R = acc.shape[0]
     for c in range(x.size):
         xv = x[c]
-        if kind == 0:
+        if kind == T.F32:
             row = w[g, c]
             for r in range(R):
                 acc[r] += row[r] * xv
-        elif kind == 1:
+        elif kind == T.F16:
             bits = d[g, c, 0]
             for r in range(R):
                 acc[r] += f16_to_f32(bits[r]) * xv
@@ -74,9 +75,9 @@ def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
         act.quantize_act_q8(x, xq, xd, xsum)
     elif act_kind == 2:
         act.quantize_act_q8_k(x, xq, xd, xsum)
-    elif kind == 1:
+    elif kind == T.F16:
         act.round_act_f16(x, xf)
-    elif kind == 30:
+    elif kind == T.BF16:
         act.round_act_bf16(x, xf)
     else:
         xf[:] = x
@@ -86,11 +87,11 @@ def prepare_x(kind, act_kind, x, xq, xd, xsum, xf):
 def matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order, g):
     # rows g*R .. g*R + R - 1 of out, with one thread's scratch acc: f32[N_ACC, R], isum: i32[N_ISUM, R]
     R = acc.shape[1]
-    if kind == 8 or kind == 2 or kind == 3 or kind == 6 or kind == 7:
+    if kind == T.Q8_0 or kind == T.Q4_0 or kind == T.Q4_1 or kind == T.Q5_0 or kind == T.Q5_1:
         dot_blocks(kind, qs, qh, d, xq, xd, g, acc, isum)
-    elif kind == 12 or kind == 13:
+    elif kind == T.Q4_K or kind == T.Q5_K:
         dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
-    elif kind == 14:
+    elif kind == T.Q6_K:
         dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
     else:
         dot_float(kind, w, d, xf, g, acc)

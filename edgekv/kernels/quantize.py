@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .fp16 import f32_to_bf16, f32_to_f16, roundf
@@ -165,21 +166,21 @@ def quantize_row_q5_1(x, dst):
 @nb.njit(**EXACT_FLAGS)
 def quantize_row(x, ggml_type, dst):
     # one row into any KV-cache type (ggml type ids); unknown ids are rejected by quants.py
-    if ggml_type == 0:
+    if ggml_type == T.F32:
         quantize_row_f32(x, dst)
-    elif ggml_type == 1:
+    elif ggml_type == T.F16:
         quantize_row_f16(x, dst)
-    elif ggml_type == 30:
+    elif ggml_type == T.BF16:
         quantize_row_bf16(x, dst)
-    elif ggml_type == 8:
+    elif ggml_type == T.Q8_0:
         quantize_row_q8_0(x, dst)
-    elif ggml_type == 2:
+    elif ggml_type == T.Q4_0:
         quantize_row_q4_0(x, dst)
-    elif ggml_type == 3:
+    elif ggml_type == T.Q4_1:
         quantize_row_q4_1(x, dst)
-    elif ggml_type == 6:
+    elif ggml_type == T.Q5_0:
         quantize_row_q5_0(x, dst)
-    elif ggml_type == 7:
+    elif ggml_type == T.Q5_1:
         quantize_row_q5_1(x, dst)
 
 

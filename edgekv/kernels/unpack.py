@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .fp16 import bf16_to_f32, f16_to_f32
@@ -48,15 +49,15 @@ def unpack_q4_q5(kind, qs, qh, d, g, r0, r1, tile, c0):
         dw, mw = d[g, b, 0, r0:r1], d[g, b, d.shape[2] - 1, r0:r1]  # (d, m) or (d,)
         for j in range(32):
             out, q, sh = tile[32 * b + j, c0:c0 + n], qs[g, b, (j & 15) >> 2, r0:r1], 8 * (j & 3) + 4 * (j >> 4)
-            if kind == 2:
+            if kind == T.Q4_0:
                 for i in range(n):
                     out[i] = f16_to_f32(dw[i]) * F32(I32(I32(I32(q[i]) >> sh) & 15) - 8)
-            elif kind == 3:
+            elif kind == T.Q4_1:
                 for i in range(n):
                     out[i] = f16_to_f32(dw[i]) * F32(I32(I32(q[i]) >> sh) & 15) + f16_to_f32(mw[i])
             else:
                 h, bit = qh[g, b, 0, r0:r1], I32(1 << j)
-                if kind == 6:
+                if kind == T.Q5_0:
                     for i in range(n):
                         code = I32(I32(I32(q[i]) >> sh) & 15) | (16 if (I32(h[i]) & bit) != 0 else 0)
                         out[i] = f16_to_f32(dw[i]) * F32(code - 16)
@@ -111,26 +112,26 @@ def unpack_float(kind, w, d, g, r0, r1, tile, c0):
     n = r1 - r0
     for j in range(tile.shape[0]):
         out = tile[j, c0:c0 + n]
-        if kind == 0:
+        if kind == T.F32:
             src = w[g, j, r0:r1]
             for i in range(n):
                 out[i] = src[i]
         else:
             bits = d[g, j, 0, r0:r1]
             for i in range(n):
-                out[i] = f16_to_f32(bits[i]) if kind == 1 else bf16_to_f32(bits[i])
+                out[i] = f16_to_f32(bits[i]) if kind == T.F16 else bf16_to_f32(bits[i])
 
 
 @nb.njit(**EXACT_FLAGS)
 def unpack_group(kind, qs, qh, sc, d, w, g, r0, r1, tile, c0):
     # any type (kind = ggml type id); F16/BF16 bits travel in d as u16[G, n, 1, R]
-    if kind == 12 or kind == 13:
+    if kind == T.Q4_K or kind == T.Q5_K:
         unpack_q4_k(qs, qh, sc, d, g, r0, r1, tile, c0)
-    elif kind == 14:
+    elif kind == T.Q6_K:
         unpack_q6_k(qs, qh, sc, d, g, r0, r1, tile, c0)
-    elif kind == 0 or kind == 1 or kind == 30:
+    elif kind == T.F32 or kind == T.F16 or kind == T.BF16:
         unpack_float(kind, w, d, g, r0, r1, tile, c0)
-    elif kind == 8:
+    elif kind == T.Q8_0:
         unpack_q8_0(qs, d, g, r0, r1, tile, c0)
     else:
         unpack_q4_q5(kind, qs, qh, d, g, r0, r1, tile, c0)

@@ -27,15 +27,16 @@ import numba as nb
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .intrinsics import host_has
 from .irvec import INT32, V16F, V16I, V16S, arrays, fma16, halves_to_float, load16, load_at, splat
 
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
-VNNI_TYPES = (8, 2, 3, 6, 7)  # ggml Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+VNNI_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 CHUNK = 16  # rows per call: one zmm register of float32
-OFFSETS = {8: 128, 2: 8, 6: 16}  # what the codes fed to vpdpbusd exceed ggml's signed codes by
+OFFSETS = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16}  # what the codes fed to vpdpbusd exceed ggml's signed codes by
 
 
 def dpbusd(builder, acc, words_u8, x4):
@@ -49,21 +50,21 @@ def block_codes(builder, kind, qs, qh, gb, n_words, R, row0):
     """The 8 code vectors of block gb (= g * n_blocks + b) for 16 rows from row0: vector j
     holds, per row, the four u8 codes of ggml lane j (Q8_0: code + 128; Q4/Q5: code)."""
     i64 = ir.IntType(64)
-    if kind in (6, 7):  # the block's 32 fifth bits, one u32 per row
+    if kind in (T.Q5_0, T.Q5_1):  # the block's 32 fifth bits, one u32 per row
         bits = load16(builder, qh.data, builder.add(builder.mul(gb, R), row0), V16I)
     codes = []
     for j in range(8):
-        w = j if kind == 8 else j % 4
+        w = j if kind == T.Q8_0 else j % 4
         at = builder.add(builder.mul(builder.add(builder.mul(gb, n_words), ir.Constant(i64, w)), R), row0)
         words = load16(builder, qs.data, at, V16I)
-        if kind == 8:
+        if kind == T.Q8_0:
             code = builder.xor(words, ir.Constant(V16I, [0x80808080 - (1 << 32)] * 16))
         elif j < 4:
             code = builder.and_(words, ir.Constant(V16I, [0x0F0F0F0F] * 16))
         else:
             code = builder.and_(builder.lshr(words, ir.Constant(V16I, [4] * 16)),
                                 ir.Constant(V16I, [0x0F0F0F0F] * 16))
-        if kind in (6, 7):
+        if kind in (T.Q5_0, T.Q5_1):
             code = builder.or_(code, _fifth_bits(builder, bits, 4 * j if j < 4 else 16 + 4 * (j - 4)))
         codes.append(code)
     return codes
@@ -109,14 +110,14 @@ def _chunk_codegen(kind):
                     lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), V16I))
                 acc = builder.load(accs[j])
                 builder.store(fma16(builder, scale, builder.sitofp(lane, V16F), acc), accs[j])
-            if kind in (3, 7):
+            if kind in (T.Q4_1, T.Q5_1):
                 mins = scale16(builder, d.data, builder.add(d_base, R), load_at(builder, xd.data, b, 2, 1))
                 builder.store(builder.fadd(builder.load(accs[8]), mins), accs[8])
         a = [builder.load(p) for p in accs]
         s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
         s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
         total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
-        if kind in (3, 7):
+        if kind in (T.Q4_1, T.Q5_1):
             total = builder.fadd(total, a[8])
         out_index = builder.add(builder.mul(g, R), row0)
         ptr = builder.bitcast(builder.gep(out.data, [out_index]), V16F.as_pointer())
@@ -147,13 +148,13 @@ def vnni_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     per_group = qs.shape[3] // CHUNK
     for g in nb.prange(qs.shape[0]):  # a group's chunks on one thread: its memory is one stream
         for c in range(per_group):
-            if kind == 8:
+            if kind == T.Q8_0:
                 _q8_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
-            elif kind == 2:
+            elif kind == T.Q4_0:
                 _q4_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
-            elif kind == 3:
+            elif kind == T.Q4_1:
                 _q4_1_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
-            elif kind == 6:
+            elif kind == T.Q5_0:
                 _q5_0_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
             else:
                 _q5_1_chunk(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
