@@ -1,7 +1,8 @@
 # edgekv's two commands: `make chat` and `make test` (+ `make bench`).
-# Each sets up what it needs on first use (.venv, an editable install, the models) and is
-# cheap to repeat: pip runs again only when pyproject.toml changes, and a model already in
-# the cache (~/.cache/edgekv/models, or $EDGEKV_HOME/models) is not fetched or re-hashed.
+# Each sets up what it needs on first use (.venv, an editable install, the models, the
+# kernels compiled for this CPU by `edgekv warmup`) and is cheap to repeat: pip runs again
+# only when pyproject.toml changes, a model already in the cache (~/.cache/edgekv/models,
+# or $EDGEKV_HOME/models) is not fetched or re-hashed, and warm kernels are not recompiled.
 
 PYTHON      ?= python3
 VENV        := .venv
@@ -15,10 +16,12 @@ PULL        := $(PY) -m edgekv pull
 
 test: $(STAMP)
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
+	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 chat: $(STAMP)
 	$(PULL)
+	$(PY) -m edgekv warmup
 	$(VENV)/bin/edgekv chat
 
 bench: $(STAMP)

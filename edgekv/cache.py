@@ -17,7 +17,8 @@ Two kinds of layer ring:
   they are back inside every window, as they are for the full layers. Its positions are
   shifted with the full layers, so the two stay consistent (llama.cpp loses them here:
   its issue 12357, "Gemma 3 gibberish after context shift").
-What does not live here: attention (kernels/attention*.py), when to discard (session.py),
+What does not live here: attention and the row codecs (the backend's `attend`,
+`store_kv`, `load_kv`; the cache hands it a `layer_view`), when to discard (session.py),
 how RoPE rotates a key (the model's `shift_keys`).
 """
 
@@ -28,9 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .backends import Backend, LayerView, get_backend
 from .errors import ContextFullError, EdgeKVError
-from .kernels.attention_q import dequant_rows
-from .kernels.quantize import store_rows
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
@@ -94,7 +94,7 @@ class Reservation:
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int,
                  capacity: int, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
-                 n_batch: int = 512, n_keep: int = 0):
+                 n_batch: int = 512, n_keep: int = 0, backend: Backend | str | None = None):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
         self.kind_k = cache_type_for("cache_type_k", type_k, head_dim_k)
@@ -102,7 +102,8 @@ class KVCache:
         self.capacity = capacity
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
-        self._row_scratch = np.zeros(max(head_dim_k, head_dim_v), np.float32)  # store_rows
+        self.backend = get_backend(backend)
+        self.n_batch = n_batch
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
@@ -174,28 +175,25 @@ class KVCache:
             res.slots.append(slots)
         return res
 
+    def layer_view(self, layer: int) -> LayerView:
+        """What layer `layer` holds, for the backend's attention."""
+        return LayerView(self.k[layer], self.v[layer], self.kind_k.quant.ggml_type, self.kind_v.quant.ggml_type,
+                         self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k, self.rot_v,
+                         _limit(self.kind_k), _limit(self.kind_v))
+
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
-        self._store(self.k[layer], self.kind_k, slots, k)
-        self._store(self.v[layer], self.kind_v, slots, v)
+        self.write_k(layer, slots, k)
+        self.backend.store_kv(self.v[layer], self.kind_v.quant.ggml_type, slots, v, _limit(self.kind_v))
 
-    def _store(self, dst: np.ndarray, kind, slots: np.ndarray, src: np.ndarray) -> None:
-        # f16 saturates: a K or V beyond the half range is stored as +-65504, not inf
-        limit = F16_MAX if kind.name == "f16" else np.inf
-        store_rows(src, kind.quant.ggml_type, slots, dst, np.float32(limit), self._row_scratch[:src.shape[2]])
+    def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
+        self.backend.store_kv(self.k[layer], self.kind_k.quant.ggml_type, slots, k, _limit(self.kind_k))
 
-    def dequantized(self, layer: int, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
-        """float32 copies of the first n_slots slots of a layer's K and V, for prefill
-        attention through BLAS: f32[n_kv, n_slots, head_dim] each."""
-        return self._rows_f32(self.k[layer], self.kind_k, self.head_dim_k, slice(0, n_slots)), \
-            self._rows_f32(self.v[layer], self.kind_v, self.head_dim_v, slice(0, n_slots))
-
-    @staticmethod
-    def _rows_f32(arr: np.ndarray, kind, hd: int, slots) -> np.ndarray:
+    def _rows_f32(self, arr: np.ndarray, kind, hd: int, slots) -> np.ndarray:
         rows = np.ascontiguousarray(arr[:, slots])
         n_kv, n = rows.shape[0], rows.shape[1]
         out = np.empty((n_kv * n, hd), np.float32)
-        dequant_rows(rows.reshape(n_kv * n, -1), kind.quant.ggml_type, out)
+        self.backend.load_kv(rows.reshape(n_kv * n, -1), kind.quant.ggml_type, out)
         return out.reshape(n_kv, n, hd)
 
     def commit(self, res: Reservation) -> None:
@@ -257,5 +255,38 @@ class KVCache:
         rotate(k, self.rot_k)
         self.write_k(layer, slots, k)
 
-    def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
-        self._store(self.k[layer], self.kind_k, slots, k)
+    # -- whole-cache copies: snapshots and growth (session.py) ---------------------------------
+
+    def load(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], pos: Sequence[np.ndarray],
+             ring: np.ndarray, n_tokens: int) -> None:
+        """Take over arrays of the same geometry (a SessionState's copies): K/V rows, slot
+        positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens."""
+        self.k, self.v, self.pos = list(k), list(v), list(pos)
+        self.used[:], self.cur[:] = ring[0], ring[1]
+        self.n_tokens = n_tokens
+
+    def copy_from(self, other: "KVCache") -> None:
+        """Hold other's positions and rows in this (as large or larger) cache. A layer whose
+        ring keeps its size is copied slot for slot (ring pointer included); a layer whose
+        ring is larger receives its live slots in position order at the front, so a
+        windowed ring's next write still overwrites its oldest slot."""
+        for layer, pos in enumerate(other.pos):
+            if self.caps[layer] == other.caps[layer]:
+                self.k[layer][...] = other.k[layer]
+                self.v[layer][...] = other.v[layer]
+                self.pos[layer][...] = pos
+                self.used[layer], self.cur[layer] = other.used[layer], other.cur[layer]
+                continue
+            live = np.flatnonzero(pos >= 0)
+            order = live[np.argsort(pos[live], kind="stable")]
+            m = order.size
+            self.k[layer][:, :m] = other.k[layer][:, order]
+            self.v[layer][:, :m] = other.v[layer][:, order]
+            self.pos[layer][:m] = pos[order]
+            self.used[layer], self.cur[layer] = m, m % self.caps[layer]
+        self.n_tokens = other.n_tokens
+
+
+def _limit(kind) -> float:
+    """f16 saturates: a K or V beyond the half range is stored as +-65504, not inf."""
+    return float(F16_MAX) if kind.name == "f16" else float(np.inf)

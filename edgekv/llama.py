@@ -33,6 +33,7 @@ from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_co
 from .context import KVPlan
 from .context_manager import ContextManager, continue_after_shift
 from .errors import ContextFullError, EdgeKVError
+from .generate import generate_step
 from .loader import load
 from .logprobs import LogprobRecorder, chat_recorder, make_recorder
 from .sampling import LogitsProcessor, Sampler, sampler_for
@@ -52,7 +53,7 @@ class Llama(StateMixin):
                  cache_type_k: str = "f16", cache_type_v: str = "f16", chat_format: str | None = None,
                  context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
                  layer_windows: dict[int, int] | str | None = None, mem_budget: int | str | None = None,
-                 **options: Any):
+                 backend: str | None = None, **options: Any):
         """Load `model_path` (a GGUF path or a catalog name).
 
         n_ctx: tokens the context holds. "auto" (also None): planned from the input of the
@@ -66,7 +67,9 @@ class Llama(StateMixin):
         others) or "stream" (StreamingLLM: n_keep (default 4) sinks + a sliding window).
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
-        minus the weights (context.default_mem_budget)."""
+        minus the weights (context.default_mem_budget).
+        backend: where the arithmetic runs: "auto", "cpu", "cpu-portable" (edgekv.backends);
+        None: EDGEKV_BACKEND, default auto."""
         check_options(options)
         if verbose:
             log_to_stderr()
@@ -76,7 +79,7 @@ class Llama(StateMixin):
         self.verbose = verbose
         self.logits_all = logits_all
         self._seed = seed
-        self._model = load(model_path)
+        self._model = load(model_path, backend)  # logs the system_info line when verbose
         self.tokenizer_ = self._model.tokenizer
         self._ctx = ContextManager(self._model, n_ctx, n_batch, mem_budget, cache_type_k=cache_type_k,
                                    cache_type_v=cache_type_v, context_shift=context_shift, n_keep=n_keep,
@@ -235,13 +238,8 @@ class Llama(StateMixin):
             self._prefill(tokens)
         elif tokens:
             self.eval(tokens)
-        while True:
-            logits = self._session.logits
-            token = sampler.sample(logits, self._session.tokens)
-            if stopping_criteria is not None and stopping_criteria(self.input_ids, logits):
-                return
-            extra = yield token
-            self.eval([token] + list(extra or ()))
+        yield from generate_step(lambda: self._session, sampler, evaluate=self.eval,
+                                 stopping_criteria=stopping_criteria)
 
     def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
                 sampling: dict[str, Any], recorder: LogprobRecorder | None = None, ignore_eos: bool = False) -> Pieces:

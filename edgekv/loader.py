@@ -11,12 +11,14 @@ import logging
 import os
 import time
 
+from .backends import Backend, get_backend
 from .catalog import resolve_model
 from .chat_format import ChatFormatter
 from .gguf import GGUFFile
-from .kernels.config import kernels_cached
+from .kernels.jit_cache import kernels_cached
 from .models import build_model
 from .session import Session
+from .system_info import system_info_line
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("edgekv")
@@ -25,20 +27,24 @@ log = logging.getLogger("edgekv")
 class Model:
     """A loaded model: the network, its hyperparameters, tokenizer and chat template."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, backend: Backend | str | None = None):
         t0 = time.perf_counter()
-        if not kernels_cached():
-            log.warning("compiling kernels for this CPU, once per install (up to a minute)")
+        self.backend = get_backend(backend)  # before the file is read: an unknown backend fails at once
+        if log.isEnabledFor(logging.INFO):
+            log.info("system_info: %s", system_info_line(self.backend))
+        if not kernels_cached(self.backend.name):
+            log.warning("compiling kernels for this CPU on first use (up to a minute); "
+                        "`edgekv warmup` does it ahead, once per install")
         self.path = str(path)
         self.gguf = GGUFFile(self.path)
-        self.network = build_model(self.gguf)
+        self.network = build_model(self.gguf, self.backend)
         self.hp = self.network.hp
         self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
         self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
         self.name = str(self.gguf.get("general.name", os.path.basename(self.path)))
         self.gguf.release_pages()  # the weights were copied into the kernels' layout
-        log.info("loaded %s (%s, %d layers) in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
-                 time.perf_counter() - t0)
+        log.info("loaded %s (%s, %d layers) on backend %s in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
+                 self.backend.name, time.perf_counter() - t0)
 
     @property
     def n_ctx_train(self) -> int:
@@ -54,6 +60,7 @@ class Model:
                        layer_windows)
 
 
-def load(model: str | os.PathLike) -> Model:
-    """Load a model from a GGUF path or a catalog name (fetched on first use)."""
-    return Model(resolve_model(model))
+def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:
+    """Load a model from a GGUF path or a catalog name (fetched on first use), onto backend
+    (a name from edgekv.backends.BACKENDS, "auto", or None: EDGEKV_BACKEND, default auto)."""
+    return Model(resolve_model(model), backend)

@@ -80,8 +80,8 @@ class Session:
                 raise EdgeKVError(f"layer window {layer}:{w}: layers are 0..{hp.n_layers - 1}, windows at least 1")
             windows[layer] = min(windows[layer], w) if windows[layer] else w
         self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
-                             windows, self.n_batch, self._kept())
-        self.scratch = Scratch(hp, self.n_batch)
+                             windows, self.n_batch, self._kept(), model.backend)
+        self.scratch = Scratch(hp, self.n_batch, model.backend.n_workers)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
         self._last_logits = np.zeros((1, hp.n_vocab), np.float32)
@@ -226,9 +226,7 @@ class Session:
                 raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
                                   f"{name}={value}; a state fits only a session of the same model and context size")
         k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]
-        c = self.cache  # the swap: nothing from here on can fail
-        c.k, c.v, c.pos, c.n_tokens = k, v, pos, state.n_tokens
-        c.used[:], c.cur[:] = state.ring[0], state.ring[1]
+        self.cache.load(k, v, pos, state.ring, state.n_tokens)  # the swap: nothing from here on can fail
         self.tokens[:] = state.tokens
         self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
         self._has_logits = state.logits is not None
@@ -238,10 +236,7 @@ class Session:
     def grown(self, new_n_ctx: int, n_batch: int | None = None) -> "Session":
         """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:
         tokens, K/V rows, positions, logits and counters are copied once (the `n_ctx="auto"`
-        growth of DESIGN.md section 3). A layer whose ring keeps its size is copied slot for
-        slot (ring pointer included); a layer whose ring gets larger receives its live slots
-        in position order at the front, so a windowed ring's next write still overwrites its
-        oldest slot. This session is left as it was."""
+        growth of DESIGN.md section 3; KVCache.copy_from). This session is left as it was."""
         if new_n_ctx < self.n_ctx:
             raise EdgeKVError(f"cannot grow a context of {self.n_ctx} tokens to {new_n_ctx}")
         c = self.cache
@@ -249,23 +244,8 @@ class Session:
                       self.n_keep, self.n_discard, None)
         if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
             new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
-                                c.windows, new.n_batch, new._kept())
-        d = new.cache
-        for layer, pos in enumerate(c.pos):
-            if d.caps[layer] == c.caps[layer]:
-                d.k[layer][...] = c.k[layer]
-                d.v[layer][...] = c.v[layer]
-                d.pos[layer][...] = pos
-                d.used[layer], d.cur[layer] = c.used[layer], c.cur[layer]
-                continue
-            live = np.flatnonzero(pos >= 0)
-            order = live[np.argsort(pos[live], kind="stable")]
-            m = order.size
-            d.k[layer][:, :m] = c.k[layer][:, order]
-            d.v[layer][:, :m] = c.v[layer][:, order]
-            d.pos[layer][:m] = pos[order]
-            d.used[layer], d.cur[layer] = m, m % d.caps[layer]
-        d.n_tokens = c.n_tokens
+                                c.windows, new.n_batch, new._kept(), c.backend)
+        new.cache.copy_from(c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits
         new._has_logits = self._has_logits

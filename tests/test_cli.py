@@ -16,9 +16,8 @@ import pytest
 from edgekv import Llama, catalog
 from edgekv.cli import main
 from edgekv.cli.run import process_escapes
-from test_make_tiny_model import load_tool
 
-mtm = load_tool("make_tiny_model")
+from edgekv import tiny_model as mtm  # noqa: E402
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog. Is it there? Yes, it is there. "
 PPL_RTOL = 1e-3  # chunked prefill vs one batch: logits agree to float rounding
 

@@ -17,7 +17,6 @@ from test_quants import random_rows
 from edgekv.kernels import attention as att
 from edgekv.kernels import attention_q as attq
 from edgekv.kernels import fp16
-from edgekv.kernels.config import kernels_cached
 from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV
 from edgekv.kernels.intrinsics import fma
 from edgekv.kernels.matvec import QuantMatrix
@@ -159,11 +158,3 @@ def test_released_file_pages_read_back_the_same(smollm2_path):
     g.release_pages(info.data[:4096])
     g.release_pages()
     assert np.array_equal(info.data[:4096], before)
-
-
-def test_kernels_cached_looks_for_compiled_matvec_kernels(tmp_path):
-    cache = tmp_path / "kernels" / "__pycache__"
-    cache.mkdir(parents=True)
-    assert not kernels_cached(tmp_path)
-    (cache / "matvec.matvec_lanes-99.py311.nbi").write_bytes(b"")
-    assert kernels_cached(tmp_path) == bool(__import__("edgekv.kernels.config").kernels.config.CACHE)

@@ -1,5 +1,5 @@
 """Tests for edgekv/logprobs.py and the `logprobs` options of Llama.create_completion and
-create_chat_completion, on a tiny random model (tools/make_tiny_model.py)."""
+create_chat_completion, on a tiny random model (edgekv/tiny_model.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import pytest
 from edgekv import EdgeKVError, Llama
 from edgekv.logprobs import LogprobRecorder, log_softmax
 from test_llama_api import BAN, CHUNKING_ATOL, TEXT, no_eog, spanning_stop
-from test_make_tiny_model import load_tool
 
-mtm = load_tool("make_tiny_model")
+from edgekv import tiny_model as mtm  # noqa: E402
 CHAT = [{"role": "user", "content": "Hi there"}]
 
 

@@ -1,9 +1,6 @@
-"""Tests for tools/make_tiny_model.py: the tiny GGUFs open with edgekv.gguf.GGUFFile, carry the
+"""Tests for edgekv/tiny_model.py: the tiny GGUFs open with edgekv.gguf.GGUFFile, carry the
 requested metadata, tensors, types and tokenizer, and their weights dequantize to finite
-values of the intended scale.
-
-tools/ is a folder of scripts, not a package, so the module is loaded by its path (conftest.load_tool).
-"""
+values of the intended scale."""
 
 from __future__ import annotations
 
@@ -13,10 +10,9 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from conftest import load_tool
 from edgekv.gguf import GGUFFile
 
-mtm = load_tool("make_tiny_model")
+from edgekv import tiny_model as mtm  # noqa: E402
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 K_DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512)  # every row a multiple of 256
 # relative RMS error of a quantize -> dequantize round trip of normal(0, 1) rows

@@ -23,7 +23,7 @@ from edgekv.errors import UnsupportedModelError
 from edgekv.gguf import GGUFFile
 from edgekv.kernels import activations as act
 from edgekv.kernels import matvec as mv
-from edgekv.kernels.config import BLAS_MIN_TOKENS
+from edgekv.backends.kernel_map import BATCH_MIN_TOKENS
 from edgekv.kernels import repack as rp
 from edgekv.kernels.matvec import QuantMatrix
 
@@ -144,12 +144,12 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
     rng = np.random.default_rng(3)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=False)  # the BLAS path on every CPU
     for mat in (m, portable):
-        for n_tok in (2, BLAS_MIN_TOKENS + 1):  # one matvec per token; a chunk product
+        for n_tok, matmul in ((2, mat.matmul_exact), (BATCH_MIN_TOKENS + 1, mat.matmul_batch)):
             x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
             out = np.full((n_tok, n_rows), np.nan, np.float32)
-            mat.matmul(x, out)
+            matmul(x, out)
             ref = x.astype(np.float64) @ W.T
-            if n_tok < BLAS_MIN_TOKENS or mat.uses_vnni:  # q8 activations: their rounding bound
+            if matmul == mat.matmul_exact or mat.uses_vnni:  # q8 activations: their rounding bound
                 bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type))
                                   for t in range(n_tok)])
             else:  # dequantized tiles + BLAS: float32 accumulation only
@@ -164,10 +164,10 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
 def test_matmul_writes_into_strided_batches_of_a_scratch():
     raw, W, _ = make_weight(int(T.Q4_0), 128, 256, seed=1)
     m = QuantMatrix(raw, int(T.Q4_0), 128, 256, use_vnni=False)  # the BLAS path
-    n = BLAS_MIN_TOKENS + 4
+    n = BATCH_MIN_TOKENS + 4
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 128), np.float32)
-    m.matmul(scratch_x[:n], scratch_out[:n])  # the first rows of a session's batch buffers
+    m.matmul_batch(scratch_x[:n], scratch_out[:n])  # the first rows of a session's batch buffers
     ref = scratch_x[:n].astype(np.float64) @ W.T
     bound = 256 * F32_SUM * (np.abs(scratch_x[:n].astype(np.float64)) @ np.abs(W).T)
     assert np.all(np.abs(scratch_out[:n] - ref) <= bound)
@@ -178,10 +178,10 @@ def test_vnni_matmul_writes_only_its_rows_and_agrees_with_matvec():
     raw, _, m = make_weight(int(T.Q4_0), 130, 256, seed=2)
     if not m.uses_vnni:
         pytest.skip("the CPU has no AVX512-VNNI")
-    n = BLAS_MIN_TOKENS + 3
+    n = BATCH_MIN_TOKENS + 3
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 130), np.float32)
-    m.matmul(scratch_x[:n], scratch_out[:n])
+    m.matmul_batch(scratch_x[:n], scratch_out[:n])
     assert not scratch_out[n:].any()
     one = np.zeros(130, np.float32)
     for t in (0, n - 1):  # same integer block sums as the matvec; only the float order differs

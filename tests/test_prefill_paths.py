@@ -1,6 +1,6 @@
 """The long-chunk prefill paths inside a whole model, against the float64 NumPy reference.
 
-Chunks of config.BLAS_MIN_TOKENS (64) tokens or more leave the bit-exact per-token path:
+Chunks of kernel_map.BATCH_MIN_TOKENS (64) tokens or more leave the bit-exact per-token path:
 weights go through the integer GEMM (gemm_vnni.py, 32-value block types on AVX512-VNNI
 CPUs) or dequantized tiles + BLAS (every other type, and every type on the portable
 kernels), and attention goes through `attention_chunk_blas` over the cache's rows
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv.kernels import config, matvec
+from edgekv.backends import kernel_map
 from edgekv.loader import load
 from numpy_reference import ReferenceModel, ReferenceSession
 
@@ -35,15 +35,13 @@ TOL = {
     "vnni": {"f16": 0.04, "q8_0": 0.04, "q4_0": 0.12},  # measured 0.021, 0.018, 0.060
 }
 
-KERNEL_PATHS = ["vnni", "portable"] if matvec.HAS_VNNI else ["portable"]
+# the `cpu` backend takes the VNNI kernels where the CPU has them; `cpu-portable` never does
+KERNEL_PATHS = ["vnni", "portable"] if kernel_map.vnni_available() else ["portable"]
+BACKEND = {"vnni": "cpu", "portable": "cpu-portable"}
 
 
 @pytest.fixture(params=KERNEL_PATHS)
-def kernel_path(request, monkeypatch):
-    """Which weight kernels the model is built with: a QuantMatrix takes the VNNI kernels
-    only where matvec.HAS_VNNI (read when the weight is made)."""
-    if request.param == "portable":
-        monkeypatch.setattr(matvec, "HAS_VNNI", False)
+def kernel_path(request):
     return request.param
 
 
@@ -66,14 +64,14 @@ def _rel_err(a, b) -> float:
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_long_chunks_match_reference(tiny_model, kernel_path, arch, weight_type, cache):
     path = tiny_model(arch, weight_type, **DIMS)
-    model = load(path)
+    model = load(path, BACKEND[kernel_path])
     integer_gemm = kernel_path == "vnni" and weight_type != "Q4_K"
     assert {layer.wq.uses_vnni for layer in model.network.layers} == {integer_gemm}
     tokens = [int(t) for t in np.random.default_rng(11).integers(0, model.hp.n_vocab, sum(CHUNKS))]
     s = model.session(n_ctx=512, n_batch=max(CHUNKS), cache_type_k=cache, cache_type_v=cache)
     ours, at = [], 0
     for n in CHUNKS:  # one eval per chunk: each runs as one chunk of n tokens
-        assert n >= config.BLAS_MIN_TOKENS
+        assert kernel_map.batched(n)
         ours.append(s.eval(tokens[at : at + n], all_logits=True))
         at += n
     ours = np.concatenate(ours)
@@ -93,7 +91,7 @@ def test_long_chunks_through_a_wrapping_ring(tiny_model, kernel_path, arch, cach
     every layer wraps (shift discards, then writes over the freed slots) while chunks take
     the long path; the reference applies the same discards to its own cache."""
     path = tiny_model(arch, "Q8_0", **DIMS)
-    model = load(path)
+    model = load(path, BACKEND[kernel_path])
     keep = 4
     s = model.session(n_ctx=256, n_batch=200, cache_type_k=cache, cache_type_v=cache, context_shift="shift",
                       n_keep=keep)

@@ -5,7 +5,7 @@ a step where llama.cpp's top-two log-probs differ by less than 0.05 a divergence
 near-tie; top-32 log-probs should be close. These models are numerically sensitive:
 one-ulp differences that flip an 8-bit activation rounding move log-probs by ~0.3, so
 edgekv reproduces llama.cpp's float arithmetic step for step on chunks of fewer than
-64 tokens (kernels/config.py BLAS_MIN_TOKENS), and these tests hold it to that: the
+64 tokens (backends/kernel_map.py BATCH_MIN_TOKENS), and these tests hold it to that: the
 log-probs agree to the precision the reference file stores them with.
 """
 

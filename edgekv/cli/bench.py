@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Callable
 
-from .common import non_negative_int, positive_int
+from .common import add_backend_option, non_negative_int, positive_int
 
 log = logging.getLogger("edgekv")
 
@@ -54,6 +54,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl", "csv"), default="md",
                    help="output format (default: md)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run before each test")
+    add_backend_option(p)
     p.set_defaults(handler=bench)
 
 
@@ -83,7 +84,7 @@ def bench(args: argparse.Namespace) -> int:
     printer = b.ResultPrinter(args.output, sys.stdout, md_fields)
     printer.begin()
     for path in paths:
-        model = load(path)
+        model = load(path, args.backend)
         info = b.ModelInfo.from_gguf(model.gguf)
         for i, test in enumerate(tests, 1):
             log.info("%s: test %d/%d: %s", info.type, i, len(tests), test.name)

@@ -80,6 +80,12 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True, c
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    add_backend_option(p)
+
+
+def add_backend_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default=None, metavar="NAME",
+                   help="where the arithmetic runs: auto, cpu, cpu-portable (default: $EDGEKV_BACKEND or auto)")
 
 
 CONTEXT_SHIFTS = ("none", "shift", "stream")
@@ -131,7 +137,7 @@ def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
                  seed=args.seed if hasattr(args, "seed") else 0, cache_type_k=args.cache_type_k,
                  cache_type_v=args.cache_type_v, context_shift=getattr(args, "context_shift", "none"),
                  n_keep=getattr(args, "keep", 0), layer_windows=getattr(args, "layer_window", None),
-                 mem_budget=getattr(args, "mem_budget", None))
+                 mem_budget=getattr(args, "mem_budget", None), backend=args.backend)
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeKVError(f"cannot read {args.file}: {exc.strerror or exc}") from exc
     if args.threads is not None:
         set_num_threads(args.threads)
-    model = load(args.model)
+    model = load(args.model, args.backend)
     tok = model.tokenizer
     tokens = tok.encode(text, add_bos=None, special=False)
     n_ctx = args.ctx_size

@@ -13,20 +13,15 @@ Three flag sets, chosen per kernel:
 - PARALLEL_FLAGS: JIT_FLAGS + `parallel=True`, for kernels whose outer loop is a
   `prange` over independent rows or row groups.
 
-Every set caches the machine code on disk (`cache=True`), next to the module in
-`__pycache__`, so only the first import on a machine pays for compilation. Set
-EDGEKV_NUMBA_CACHE=0 to compile in memory only (e.g. on a read-only install).
-Numba checks only the source file of the function it loads, although callees from
-other modules are compiled into it; so when any edgekv module with Numba code changes,
-`purge_stale_cache` (run at import) drops every cached kernel of the package, and the
-next calls recompile instead of running stale inlined code.
+Every set caches the machine code on disk (`cache=True`) in the kernel cache folder
+(jit_cache.py: ~/.cache/edgekv/kernels, kept across reinstalls of the same version), so
+only the first run on a machine, or `edgekv warmup`, pays for compilation. Set
+EDGEKV_NUMBA_CACHE=0 to compile in memory only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
 # How idle OpenMP workers wait for the next parallel region. Decode runs hundreds of
 # small regions per token (one per weight product, each 10-100 us), so a worker that
@@ -46,36 +41,11 @@ if not WAIT_POLICY:
 
 import numba  # noqa: E402  (after the environment default above)
 
+from .jit_cache import install_locator  # noqa: E402
+
 CACHE = os.environ.get("EDGEKV_NUMBA_CACHE", "1") != "0"
-_PACKAGE = Path(__file__).resolve().parents[1]
-_STAMP = _PACKAGE / "kernels" / "__pycache__" / "numba-sources.stamp"
-
-
-def purge_stale_cache(package: Path = _PACKAGE, stamp: Path = _STAMP) -> bool:
-    """Delete the package's cached kernels if a module with Numba code changed; True if it did."""
-    try:
-        sources = sorted(p for p in package.rglob("*.py") if "numba" in p.read_text(errors="ignore"))
-        key = hashlib.sha1("".join(f"{p.relative_to(package)}:{p.stat().st_mtime_ns}:{p.stat().st_size};"
-                                   for p in sources).encode()).hexdigest()
-        if stamp.is_file() and stamp.read_text() == key:
-            return False
-        for cached in list(package.rglob("__pycache__/*.nbi")) + list(package.rglob("__pycache__/*.nbc")):
-            cached.unlink(missing_ok=True)
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(key)
-        return True
-    except OSError:  # read-only install: Numba's own per-file check still applies
-        return False
-
-
 if CACHE:
-    purge_stale_cache()
-
-
-def kernels_cached(package: Path = _PACKAGE) -> bool:
-    """Whether compiled decode kernels are cached for this install (False: the first model
-    run compiles them, which takes up to a minute)."""
-    return CACHE and any((package / "kernels" / "__pycache__").glob("matvec.matvec_*.nbi"))
+    install_locator()
 
 # fast-math minus the two flags that would let LLVM assume inputs are finite
 SAFE_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
@@ -115,9 +85,3 @@ def set_num_threads(n: int | None) -> int:
 
 def get_num_threads() -> int:
     return int(numba.get_num_threads())
-
-# Chunks of fewer tokens than this run the exact path: per-token integer matvecs and the
-# per-query attention kernel, which reproduce llama.cpp's arithmetic bit for bit. Longer
-# prefill chunks dequantize weight tiles into float32 BLAS products (and attend through
-# BLAS): several times faster, equal up to the last bits of float32 rounding.
-BLAS_MIN_TOKENS = 64

@@ -11,7 +11,7 @@ accumulators stay in registers.
 Arithmetic: per block, the 8 ggml lanes of a token are summed as integers (exact), then
 acc_t = fma(f32(d_w * d_x), float(sum), acc_t) (+ m_w * s_x for Q4_1/Q5_1). That is
 not llama.cpp's float order for a single token (vnni.py keeps that one): like the BLAS
-path it replaces, it is used only for chunks of config.BLAS_MIN_TOKENS tokens or more,
+path it replaces, it is used only for chunks of backends/kernel_map.py BATCH_MIN_TOKENS tokens or more,
 which llama.cpp computes with its own, different, batched kernels.
 What does not live here: the per-token exact kernels (vnni.py), the layout (repack.py).
 """

@@ -42,6 +42,14 @@ def host_has(feature: str) -> bool:
         return False
 
 
+def host_cpu_name() -> str:
+    """LLVM's name for this CPU (e.g. znver4, cortex-a78ae); the kernels are compiled for it."""
+    try:
+        return llvm.get_host_cpu_name() or platform.machine()
+    except RuntimeError:
+        return platform.machine()
+
+
 HAS_FMA = host_has("fma")
 HAS_F16C = host_has("f16c")
 

@@ -12,11 +12,13 @@ How each product is computed, and why:
   F32/F16/BF16 weights use float dots (x rounded to f16/bf16 first, as ggml does).
   The result differs from the float64 product by the 8-bit rounding of x only.
   One call into Numba, no allocation: scratch lives on the QuantMatrix.
-- matmul: tiles of rows are dequantized to float32 (unpack.py) and multiplied by BLAS;
-  for n tokens this reads the weight once, not n times. Dequantizing a tile costs about
-  as much as 4-6 matvecs; below config.BLAS_MIN_TOKENS tokens matmul loops over matvec,
-  which is also bit-identical to llama.cpp (see config.py).
-  (The two paths round differently: q8 activations vs float32 ones.)
+- matmul_exact (a short chunk): one matvec per token in llama.cpp's summation orders,
+  bit-identical to it.
+- matmul_batch (a long chunk): the integer GEMM on q8 activations (gemm_vnni.py) where
+  the weight takes the VNNI kernels, else tiles of rows dequantized to float32
+  (unpack.py) and multiplied by BLAS; either reads the weight once, not n times.
+  Dequantizing a tile costs about as much as 4-6 matvecs. Which of the two a chunk
+  takes is the backend's choice (backends/kernel_map.py).
 - rows: one lane unpacked per requested row, bit-identical to quants.dequantize.
 """
 
@@ -168,7 +170,7 @@ def _check(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
 
 def quantize_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A chunk's activations x: f32[n_tok, n_cols] as q8 blocks (xq, xd, xsum), in this
-    thread's scratch (valid until the next call), for QuantMatrix.matmul(acts=...)."""
+    thread's scratch (valid until the next call), for QuantMatrix.matmul_batch(acts=...)."""
     n_tok, nb_ = x.shape[0], x.shape[1] // 32
     xq = _scratch_f32("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
     xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
@@ -240,21 +242,28 @@ class QuantMatrix:
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
             self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
 
-    def matmul(self, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
-        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T (a chunk of tokens). acts: x already
-        quantized by quantize_chunk(x), for weights that share an input (uses_vnni only)."""
+    def matmul_exact(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T as llama.cpp computes a small batch,
+        bit for bit: one matvec per token, in the summation order its kernels use."""
         n_tok = x.shape[0] if x.ndim == 2 else -1
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
-        if n_tok < config.BLAS_MIN_TOKENS:
-            # llama.cpp runs a batch's whole groups of 4 tokens through its (repacked
-            # Q4_K) gemm and the rest through gemv, and from 8 tokens on its tiled K-quant
-            # matmul; each sums K-quant products in its own order
-            n_gemm = n_tok - n_tok % 4
-            tiled = ORDER_TILED if n_tok >= 8 else 0
-            for t in range(n_tok):
-                self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | tiled)
-            return
+        # llama.cpp runs a batch's whole groups of 4 tokens through its (repacked Q4_K)
+        # gemm and the rest through gemv, and from 8 tokens on its tiled K-quant matmul;
+        # each sums K-quant products in its own order
+        n_gemm = n_tok - n_tok % 4
+        tiled = ORDER_TILED if n_tok >= 8 else 0
+        for t in range(n_tok):
+            self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | tiled)
+
+    def matmul_batch(self, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
+        """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T for a long chunk, reading the weight
+        once: the integer GEMM on q8 activations (uses_vnni), else dequantized tiles through
+        BLAS. acts: x already quantized by quantize_chunk(x), for weights that share an
+        input (uses_vnni only)."""
+        n_tok = x.shape[0] if x.ndim == 2 else -1
+        _check("x", x, (n_tok, self.n_cols))
+        _check("out", out, (n_tok, self.n_rows))
         p, R = self._p, self.lanes
         if self._vnni:  # integer GEMM on q8 activations (gemm_vnni.py)
             xq, xd, xsum = acts if acts is not None else quantize_chunk(x)

@@ -1,11 +1,13 @@
 """Architectures, keyed by the GGUF's `general.architecture`.
 
-Each module defines a model class with `hp` (HParams) and
-`forward(tokens, positions, cache, slots, scratch, rows, logits)`.
+Each module defines a model class (a models.base.Decoder) made from a GGUF file and a
+backend, with `hp` (HParams) and `forward(tokens, cache, reservation, scratch, rows,
+logits)`; a model calls only its backend, never a kernel.
 """
 
 from __future__ import annotations
 
+from ..backends import Backend, get_backend
 from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from .gemma3 import Gemma3Model
@@ -14,9 +16,11 @@ from .llama import LlamaModel
 ARCHITECTURES = {cls.arch: cls for cls in (LlamaModel, Gemma3Model)}
 
 
-def build_model(g: GGUFFile):
+def build_model(g: GGUFFile, backend: Backend | str | None = None):
+    """The architecture's model with its weights on `backend` (a Backend, a name, or None:
+    EDGEKV_BACKEND / auto)."""
     arch = g.architecture
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
-    return ARCHITECTURES[arch](g)
+    return ARCHITECTURES[arch](g, get_backend(backend))

@@ -2,26 +2,23 @@
 
 What lives here: hyperparameters read from GGUF keys (`HParams`), weight loading with
 shape and type checks before any kernel runs (`WeightLoader`), the per-session scratch
-buffers (`Scratch`), and the blocks every architecture composes (projection, attention
-over the cache, final logits). What does not: an architecture's own graph (one file
-each: llama.py, gemma3.py) and the cache's policies (cache.py).
+buffers (`Scratch`), and what every architecture shares (`Decoder`: attention over the
+cache, RoPE tables, key shifts, final logits). What does not: an architecture's own
+graph (one file each: llama.py, gemma3.py), the cache's policies (cache.py), and any
+kernel: models call only their backend (backends/base.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ..cache import KVCache, rotate
+from ..backends import Backend
+from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
-from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
-from ..kernels.attention_q import attention_rows
-from ..kernels import config
-from ..kernels.config import max_threads
-from ..kernels.matvec import QuantMatrix, quantize_chunk
-from ..kernels.ops import rms_norm, rope_apply, rope_tables, softcap_inplace
 from ..quants import QUANT_TYPES, dequantize
 
 
@@ -103,10 +100,12 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
 
 
 class WeightLoader:
-    """Fetches named tensors, checking shape and type before any kernel sees them."""
+    """Fetches named tensors, checking shape and type before any kernel sees them; the
+    backend makes each matrix its own (`Backend.weight`)."""
 
-    def __init__(self, g: GGUFFile):
+    def __init__(self, g: GGUFFile, backend: Backend):
         self.g = g
+        self.backend = backend
 
     def _info(self, name: str, shape: tuple[int, ...]):
         info = self.g.tensor(name)
@@ -127,13 +126,13 @@ class WeightLoader:
         info = self._info(name, (n,))
         return np.ascontiguousarray(dequantize(info.data, info.ggml_type, (n,)), dtype=np.float32).reshape(n)
 
-    def matrix(self, name: str, n_cols: int, n_rows: int) -> QuantMatrix:
+    def matrix(self, name: str, n_cols: int, n_rows: int):
         """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
         info = self._info(name, (n_cols, n_rows))
         # the file pages go as soon as each piece is repacked: peak memory ~ the repacked weights
-        return QuantMatrix(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages)
+        return self.backend.weight(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages)
 
-    def embeddings_and_output(self, hp: HParams) -> tuple[QuantMatrix, np.ndarray, QuantMatrix]:
+    def embeddings_and_output(self, hp: HParams) -> tuple:
         """token_embd, output_norm and output; output is the embedding when the GGUF has
         no `output.weight` (tied)."""
         tok_embd = self.matrix("token_embd.weight", hp.dim, hp.n_vocab)
@@ -143,9 +142,10 @@ class WeightLoader:
 
 
 class Scratch:
-    """Every buffer a forward pass writes, made once per session for up to n_batch tokens."""
+    """Every buffer a forward pass writes, made once per session for up to n_batch tokens;
+    n_workers: threads the backend's kernels run on (each has its own attention rows)."""
 
-    def __init__(self, hp: HParams, n_batch: int):
+    def __init__(self, hp: HParams, n_batch: int, n_workers: int):
         q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
         self.x = np.zeros((n_batch, hp.dim), np.float32)  # residual stream
         self.h = np.zeros((n_batch, hp.dim), np.float32)  # normed input of a block
@@ -161,8 +161,8 @@ class Scratch:
         self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
         self.n_batch = n_batch
         self._scores = np.zeros((0, 0), np.float32)
-        self._pv = np.zeros((max_threads(), 4, 16, max(hp.head_dim_v, 64)), np.float32)
-        self.kv_rows = np.zeros((max_threads(), 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
+        self._pv = np.zeros((n_workers, 4, 16, max(hp.head_dim_v, 64)), np.float32)
+        self.kv_rows = np.zeros((n_workers, 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
 
     def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
         """Score rows and lane accumulators for the per-query attention kernel; the score
@@ -173,109 +173,67 @@ class Scratch:
         return self._scores, self._pv
 
 
-def project(w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """out = x @ W^T for x f32[n, n_cols] (matvec for one token, matmul for a chunk)."""
-    if x.shape[0] == 1:
-        w.matvec(x[0], out[0])
-    else:
-        w.matmul(x, out)
-
-
-def project_many(ws: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray]) -> None:
-    """outs[i] = x @ ws[i]^T for weights that share their input (q/k/v, gate/up): a chunk's
-    activations are quantized once for all of them when they all take the integer GEMM."""
-    if x.shape[0] >= config.BLAS_MIN_TOKENS and all(w.uses_vnni and w.n_cols == x.shape[1] for w in ws):
-        acts = quantize_chunk(x)
-        for w, out in zip(ws, outs):
-            w.matmul(x, out, acts)
-        return
-    for w, out in zip(ws, outs):
-        project(w, x, out)
-
-
-def attend(hp: HParams, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray,
-           v: np.ndarray, out: np.ndarray, scale: float) -> None:
-    """Write this chunk's K/V into its reserved slots and attend over everything visible;
-    scores are (q . k) * scale. res: the cache's Reservation for the chunk."""
-    n = q.shape[0]
-    rotate(q, cache.rot_k)  # quantized caches store rotated K and V (cache.py)
-    rotate(k, cache.rot_k)
-    rotate(v, cache.rot_v)
-    cache.write(layer, res.slots[layer], k.reshape(n, hp.n_kv_heads, hp.head_dim),
-                v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
-    window, pos, n_slots, positions = cache.windows[layer], cache.pos[layer], int(cache.used[layer]), res.positions
-    q3, out3 = q.reshape(n, hp.n_heads, hp.head_dim), out.reshape(n, hp.n_heads, hp.head_dim_v)
-    if n >= config.BLAS_MIN_TOKENS:
-        if cache.f16:
-            kf = F16_TO_F32[cache.k[layer][:, :n_slots].view(np.uint16)]
-            vf = F16_TO_F32[cache.v[layer][:, :n_slots].view(np.uint16)]
-        else:
-            kf, vf = cache.dequantized(layer, n_slots)
-        attention_chunk_blas(q3, positions, kf, vf, pos, n_slots, window, scale, out3, cache.f16)
-    else:
-        scores, scratch = s.attn_scratch(n * hp.n_heads, cache.capacity)
-        if cache.f16:
-            attention_f16(q3, positions, cache.k[layer].view(np.uint16), cache.v[layer].view(np.uint16), pos,
-                          n_slots, window, np.float32(scale), scores, scratch, out3)
-        else:
-            attention_rows(q3, positions, cache.k[layer], cache.v[layer], cache.kind_k.quant.ggml_type,
-                           cache.kind_v.quant.ggml_type, pos, n_slots, window, np.float32(scale), scores,
-                           s.kv_rows, out3)
-    rotate(out, cache.rot_v)
-
-
 class Decoder:
-    """What every architecture's model class shares beyond its forward pass: `hp`,
-    `freq_factors` (RoPE's per-dimension factors) and re-rotating cached keys."""
+    """What every architecture's model class shares beyond its forward pass: `hp`, the
+    `backend` its weights live on, `freq_factors` (RoPE's per-dimension factors), and the
+    steps every graph takes the same way (attention over the cache, RoPE tables, final
+    logits, re-rotating cached keys)."""
 
     hp: HParams
+    backend: Backend
     freq_factors: np.ndarray
 
+    def attend(self, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               out: np.ndarray, scale: float) -> None:
+        """Write this chunk's K/V (q, k, v: f32[n, heads * head_dim]) into the slots `res`
+        (the cache's Reservation) reserved and attend over everything visible; scores are
+        (q . k) * scale; out: f32[n, n_heads * head_dim_v]."""
+        hp, n = self.hp, q.shape[0]
+        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions,
+                            q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim),
+                            v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v),
+                            scale, s)
+
+    def fill_rope(self, s: Scratch, kind: str, positions: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin: f32[n, rope_dims / 2] for positions, in the scratch's `kind` buffers."""
+        n = positions.shape[0]
+        cos, sin = s.cos[kind][:n], s.sin[kind][:n]
+        self.backend.rope_tables(positions, self.hp.rope_dims, theta, self.hp.rope_freq_scale, self.freq_factors,
+                                 cos, sin)
+        return cos, sin
+
+    def output_logits(self, x: np.ndarray, norm_w: np.ndarray, w_out, rows: np.ndarray, logits: np.ndarray) -> None:
+        """logits[j] = W_out @ rms_norm(x[rows[j]]) for the requested rows only."""
+        be = self.backend
+        sel = x[rows]
+        be.rms_norm(sel, norm_w, self.hp.norm_eps, sel)
+        be.project(w_out, sel, logits)
+        if self.hp.final_softcap:
+            be.softcap(logits, self.hp.final_softcap)
+
     def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
-        shift_keys(self.hp, self.freq_factors, layer, k, delta)
-
-
-def shift_keys(hp: HParams, freq_factors: np.ndarray, layer: int, k: np.ndarray, delta: int) -> None:
-    """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
-    delta (a RoPE rotation composes additively in the position), with the layer's base."""
-    m = k.shape[0]
-    theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
-    half = hp.rope_dims // 2
-    cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
-    rope_tables(np.full(m, delta, np.int32), hp.rope_dims, np.float32(theta), np.float32(hp.rope_freq_scale),
-                freq_factors, cos, sin)
-    rope_apply(k, cos, sin, hp.rope_mode)
-
-
-def fill_rope(s: Scratch, kind: str, positions: np.ndarray, hp: HParams, theta: float,
-              freq_factors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = positions.shape[0]
-    cos, sin = s.cos[kind][:n], s.sin[kind][:n]
-    rope_tables(positions, hp.rope_dims, np.float32(theta), np.float32(hp.rope_freq_scale), freq_factors, cos, sin)
-    return cos, sin
-
-
-def output_logits(hp: HParams, x: np.ndarray, norm_w: np.ndarray, w_out: QuantMatrix,
-                  rows: np.ndarray, logits: np.ndarray) -> None:
-    """logits[j] = W_out @ rms_norm(x[rows[j]]) for the requested rows only."""
-    sel = x[rows]
-    rms_norm(sel, norm_w, np.float32(hp.norm_eps), sel)
-    project(w_out, sel, logits)
-    if hp.final_softcap:
-        softcap_inplace(logits, np.float32(hp.final_softcap))
+        """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
+        delta (a RoPE rotation composes additively in the position), with the layer's base."""
+        hp, m = self.hp, k.shape[0]
+        theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
+        half = hp.rope_dims // 2
+        cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
+        self.backend.rope_tables(np.full(m, delta, np.int32), hp.rope_dims, theta, hp.rope_freq_scale,
+                                 self.freq_factors, cos, sin)
+        self.backend.rope(k, cos, sin, hp.rope_mode)
 
 
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray
-    wq: QuantMatrix
-    wk: QuantMatrix
-    wv: QuantMatrix
-    wo: QuantMatrix
+    wq: Any  # weights: what the backend's `weight` made (QuantMatrix on the CPU)
+    wk: Any
+    wv: Any
+    wo: Any
     ffn_norm: np.ndarray
-    w_gate: QuantMatrix
-    w_up: QuantMatrix
-    w_down: QuantMatrix
+    w_gate: Any
+    w_up: Any
+    w_down: Any
     extra: dict = field(default_factory=dict)  # architecture-specific norms
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import Backend
+from ..backends.base import ROPE_NEOX
 from ..gguf import GGUFFile
-from ..kernels.ggml_math import GELU_F16_TABLE
-from ..kernels.ops import ROPE_NEOX, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply
-from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
-                   project_many, read_common_hparams, read_float, read_int)
+from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams, read_float, read_int
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5 (llama.cpp's set_swa_pattern(6))
@@ -41,9 +40,10 @@ def read_hparams(g: GGUFFile) -> HParams:
 class Gemma3Model(Decoder):
     arch = ARCH
 
-    def __init__(self, g: GGUFFile):
+    def __init__(self, g: GGUFFile, backend: Backend):
         self.hp = hp = read_hparams(g)
-        w = WeightLoader(g)
+        self.backend = backend
+        w = WeightLoader(g, backend)
         self.tok_embd, self.output_norm, self.output = w.embeddings_and_output(hp)
         extra = {"attn_q_norm": hp.head_dim, "attn_k_norm": hp.head_dim,
                  "post_attention_norm": hp.dim, "post_ffw_norm": hp.dim}
@@ -53,32 +53,31 @@ class Gemma3Model(Decoder):
     def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         """Run a chunk of tokens through the model in the cache slots `res` reserved; write
         the logits of the chunk rows `rows`."""
-        hp, n, positions = self.hp, tokens.shape[0], res.positions
-        eps = np.float32(hp.norm_eps)
+        hp, be, n = self.hp, self.backend, tokens.shape[0]
         x, h, o = s.x[:n], s.h[:n], s.o[:n]
         q, k, v, att, gate, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.gate[:n], s.up[:n]
-        self.tok_embd.rows(tokens, x)
-        x *= np.float32(hp.embed_scale)
-        rope = {"global": fill_rope(s, "global", positions, hp, hp.rope_theta, self.freq_factors),
-                "local": fill_rope(s, "local", positions, hp, hp.rope_theta_local, self.freq_factors)}
+        be.embed(self.tok_embd, tokens, x)
+        be.scale(x, hp.embed_scale)
+        rope = {"global": self.fill_rope(s, "global", res.positions, hp.rope_theta),
+                "local": self.fill_rope(s, "local", res.positions, hp.rope_theta_local)}
         for il, L in enumerate(self.layers):
             cos, sin = rope["local" if hp.local_layers[il] else "global"]
-            rms_norm(x, L.attn_norm, eps, h)
-            project_many([L.wq, L.wk, L.wv], h, [q, k, v])
+            be.rms_norm(x, L.attn_norm, hp.norm_eps, h)
+            be.project_many([L.wq, L.wk, L.wv], h, [q, k, v])
             q3, k3 = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
-            rms_norm_heads(q3, L.extra["attn_q_norm"], eps)
-            rms_norm_heads(k3, L.extra["attn_k_norm"], eps)
-            rope_apply(q3, cos, sin, hp.rope_mode)
-            rope_apply(k3, cos, sin, hp.rope_mode)
-            q *= np.float32(hp.attn_scale)  # before attention, as llama.cpp does (it rounds Q to f16)
-            attend(hp, cache, s, il, res, q, k, v, att, 1.0)
-            project(L.wo, att, o)
-            rms_norm(o, L.extra["post_attention_norm"], eps, o)
-            add_inplace(x, o)
-            rms_norm(x, L.ffn_norm, eps, h)
-            project_many([L.w_gate, L.w_up], h, [gate, up])
-            gelu_mul(gate, up, GELU_F16_TABLE)
-            project(L.w_down, gate, o)
-            rms_norm(o, L.extra["post_ffw_norm"], eps, o)
-            add_inplace(x, o)
-        output_logits(hp, x, self.output_norm, self.output, rows, logits)
+            be.rms_norm_heads(q3, L.extra["attn_q_norm"], hp.norm_eps)
+            be.rms_norm_heads(k3, L.extra["attn_k_norm"], hp.norm_eps)
+            be.rope(q3, cos, sin, hp.rope_mode)
+            be.rope(k3, cos, sin, hp.rope_mode)
+            be.scale(q, hp.attn_scale)  # before attention, as llama.cpp does (it rounds Q to f16)
+            self.attend(cache, s, il, res, q, k, v, att, 1.0)
+            be.project(L.wo, att, o)
+            be.rms_norm(o, L.extra["post_attention_norm"], hp.norm_eps, o)
+            be.add(x, o)
+            be.rms_norm(x, L.ffn_norm, hp.norm_eps, h)
+            be.project_many([L.w_gate, L.w_up], h, [gate, up])
+            be.gelu_mul(gate, up)
+            be.project(L.w_down, gate, o)
+            be.rms_norm(o, L.extra["post_ffw_norm"], hp.norm_eps, o)
+            be.add(x, o)
+        self.output_logits(x, self.output_norm, self.output, rows, logits)

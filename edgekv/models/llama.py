@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import Backend
+from ..backends.base import ROPE_NORM
 from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
-from ..kernels.ops import ROPE_NORM, add_inplace, rms_norm, rope_apply, silu_mul
-from .base import (Decoder, HParams, Scratch, WeightLoader, attend, fill_rope, load_layer, output_logits, project,
-                   project_many, read_common_hparams, read_float)
+from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams, read_float
 
 ARCH = "llama"
 
@@ -32,9 +32,10 @@ def read_hparams(g: GGUFFile) -> HParams:
 class LlamaModel(Decoder):
     arch = ARCH
 
-    def __init__(self, g: GGUFFile):
+    def __init__(self, g: GGUFFile, backend: Backend):
         self.hp = hp = read_hparams(g)
-        w = WeightLoader(g)
+        self.backend = backend
+        w = WeightLoader(g, backend)
         self.tok_embd, self.output_norm, self.output = w.embeddings_and_output(hp)
         self.layers = [load_layer(w, hp, i, {}) for i in range(hp.n_layers)]
         half = hp.rope_dims // 2
@@ -43,23 +44,22 @@ class LlamaModel(Decoder):
     def forward(self, tokens: np.ndarray, cache, res, s: Scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         """Run a chunk of tokens through the model in the cache slots `res` reserved; write
         the logits of the chunk rows `rows`."""
-        hp, n, positions = self.hp, tokens.shape[0], res.positions
-        eps = np.float32(hp.norm_eps)
+        hp, be, n = self.hp, self.backend, tokens.shape[0]
         x, h, o = s.x[:n], s.h[:n], s.o[:n]
         q, k, v, att, gate, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.gate[:n], s.up[:n]
-        self.tok_embd.rows(tokens, x)
-        cos, sin = fill_rope(s, "global", positions, hp, hp.rope_theta, self.freq_factors)
+        be.embed(self.tok_embd, tokens, x)
+        cos, sin = self.fill_rope(s, "global", res.positions, hp.rope_theta)
         for il, L in enumerate(self.layers):
-            rms_norm(x, L.attn_norm, eps, h)
-            project_many([L.wq, L.wk, L.wv], h, [q, k, v])
-            rope_apply(q.reshape(n, hp.n_heads, hp.head_dim), cos, sin, hp.rope_mode)
-            rope_apply(k.reshape(n, hp.n_kv_heads, hp.head_dim), cos, sin, hp.rope_mode)
-            attend(hp, cache, s, il, res, q, k, v, att, hp.attn_scale)
-            project(L.wo, att, o)
-            add_inplace(x, o)
-            rms_norm(x, L.ffn_norm, eps, h)
-            project_many([L.w_gate, L.w_up], h, [gate, up])
-            silu_mul(gate, up)
-            project(L.w_down, gate, o)
-            add_inplace(x, o)
-        output_logits(hp, x, self.output_norm, self.output, rows, logits)
+            be.rms_norm(x, L.attn_norm, hp.norm_eps, h)
+            be.project_many([L.wq, L.wk, L.wv], h, [q, k, v])
+            be.rope(q.reshape(n, hp.n_heads, hp.head_dim), cos, sin, hp.rope_mode)
+            be.rope(k.reshape(n, hp.n_kv_heads, hp.head_dim), cos, sin, hp.rope_mode)
+            self.attend(cache, s, il, res, q, k, v, att, hp.attn_scale)
+            be.project(L.wo, att, o)
+            be.add(x, o)
+            be.rms_norm(x, L.ffn_norm, hp.norm_eps, h)
+            be.project_many([L.w_gate, L.w_up], h, [gate, up])
+            be.silu_mul(gate, up)
+            be.project(L.w_down, gate, o)
+            be.add(x, o)
+        self.output_logits(x, self.output_norm, self.output, rows, logits)

@@ -1,0 +1,64 @@
+"""Where the arithmetic runs: choosing a backend.
+
+Backends: `cpu` (Numba; the AVX512-VNNI LLVM-IR kernels where the CPU has them, the
+portable kernels elsewhere) and `cpu-portable` (always the portable kernels: what an
+aarch64 CPU runs, and a way to check them on any machine). A `cuda` backend is planned.
+Chosen by `backend=` (Llama, edgekv.load), `--backend` on the CLI, or EDGEKV_BACKEND;
+`auto` (the default) takes the best that runs here. A backend that was asked for and
+cannot run is an error naming the ones that can, never a silent fallback.
+
+The interface is backends/base.py, the kernel choices backends/kernel_map.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import EdgeKVError
+from .base import Backend, LayerView
+
+BACKENDS = ("cpu", "cpu-portable")
+_made: dict[str, Backend] = {}
+
+
+def why_unavailable(name: str) -> str | None:
+    """None if backend `name` runs on this machine, else why not."""
+    if name in ("cpu", "cpu-portable"):  # Numba runs wherever edgekv installs
+        return None
+    if name == "cuda":
+        return "the CUDA backend is not built yet"
+    return "no such backend"
+
+
+def available_backends() -> list[str]:
+    return [name for name in BACKENDS if why_unavailable(name) is None]
+
+
+def resolve_backend_name(name: str | None = None) -> str:
+    """The backend `name` (None: EDGEKV_BACKEND, default auto) stands for; EdgeKVError if
+    it is unknown or cannot run here."""
+    asked = name if name is not None else os.environ.get("EDGEKV_BACKEND", "") or "auto"
+    asked = asked.strip().lower()
+    if asked == "auto":
+        return available_backends()[0]
+    reason = why_unavailable(asked)
+    if reason is not None:
+        source = "" if name is not None else " (from EDGEKV_BACKEND)"
+        raise EdgeKVError(f"backend {asked!r}{source} cannot run here: {reason}; "
+                          f"available: auto, {', '.join(available_backends())}")
+    return asked
+
+
+def get_backend(name: str | Backend | None = None) -> Backend:
+    """The backend object for `name` (see resolve_backend_name), made once per process."""
+    if isinstance(name, Backend):
+        return name
+    resolved = resolve_backend_name(name)
+    if resolved not in _made:
+        from .cpu import CPUBackend
+
+        _made[resolved] = CPUBackend(resolved, use_vnni=resolved == "cpu")
+    return _made[resolved]
+
+
+__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "get_backend", "resolve_backend_name"]

@@ -1,0 +1,139 @@
+"""The backend interface: every operation a forward pass needs, with its shapes.
+
+What lives here: `Backend`, the abstract class the architectures call (models/*.py never
+import a kernel), and `LayerView`, what the KV cache tells a backend about one layer.
+What does not: any arithmetic (backends/cpu.py, later cuda.py), which kernel serves
+which weight type (backends/kernel_map.py), the cache's bookkeeping (cache.py).
+
+Conventions: activations are float32 NumPy arrays [n_tok, ...] owned by the caller
+(the session's Scratch); operations write into `out` or in place and allocate nothing
+per token. A weight is whatever `weight()` returned (`QuantMatrix` on the CPU); the
+model keeps it and hands it back. A chunk of n_tok tokens is always one call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
+
+
+@dataclass
+class LayerView:
+    """One layer of the KV cache as a backend sees it (cache.KVCache.layer_view).
+
+    k, v: u8[n_kv_heads, cap, row_bytes], one token's head in the cache type's ggml
+    blocks per row; type_k / type_v: their ggml types; slot_pos: i32[cap], the position
+    in each slot (-1 empty); n_slots: slots ever written (attention scans [0, n_slots));
+    window: a sliding-window layer's size (0: the whole context); rot_k / rot_v: the
+    Hadamard matrices a quantized cache stores rows rotated by (None: not rotated)."""
+
+    k: np.ndarray
+    v: np.ndarray
+    type_k: int
+    type_v: int
+    slot_pos: np.ndarray
+    n_slots: int
+    window: int
+    rot_k: np.ndarray | None
+    rot_v: np.ndarray | None
+    limit_k: float  # |values| above this are saturated on write (65504 for an f16 cache, else inf)
+    limit_v: float
+
+
+class Backend(ABC):
+    """Where a model's arithmetic runs. `name` is what EDGEKV_BACKEND / backend= select."""
+
+    name: str
+    n_workers: int  # threads its kernels may run on: the per-thread scratch rows a session makes
+
+    # -- weights ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
+               release: Callable[[np.ndarray], None] | None = None) -> Any:
+        """A [n_rows, n_cols] weight from its GGUF bytes raw: u8[n_rows * row_bytes] in
+        ggml_type (any of quants.QUANT_TYPES); release(raw) may drop file pages once copied."""
+
+    @abstractmethod
+    def embed(self, w: Any, ids: np.ndarray, out: np.ndarray) -> None:
+        """out: f32[n, n_cols] = rows ids: i32[n] of w, dequantized (embedding lookup)."""
+
+    @abstractmethod
+    def project(self, w: Any, x: np.ndarray, out: np.ndarray) -> None:
+        """out: f32[n_tok, n_rows] = x: f32[n_tok, n_cols] @ W^T."""
+
+    def project_many(self, ws: Sequence[Any], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        """outs[i] = x @ ws[i]^T for weights that share their input (q/k/v, gate/up)."""
+        for w, out in zip(ws, outs):
+            self.project(w, x, out)
+
+    # -- element-wise and per-row -----------------------------------------------------------
+
+    @abstractmethod
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight; x, out: f32[n, dim] (may alias)."""
+
+    @abstractmethod
+    def rms_norm_heads(self, x: np.ndarray, weight: np.ndarray, eps: float) -> None:
+        """RMS norm of every head in place: x f32[n, n_heads, head_dim], weight f32[head_dim]."""
+
+    @abstractmethod
+    def rope_tables(self, positions: np.ndarray, n_rot: int, theta: float, freq_scale: float,
+                    freq_factors: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        """cos, sin: f32[n, n_rot / 2] for positions i32[n] (base theta, linear scaling
+        freq_scale, per-dimension divisors freq_factors f32[n_rot / 2])."""
+
+    @abstractmethod
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int) -> None:
+        """Rotate x f32[n, n_heads, head_dim] in place (mode: ops.ROPE_NORM pairs, ROPE_NEOX halves)."""
+
+    @abstractmethod
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate = silu(gate) * up, f32[n, ff], in place."""
+
+    @abstractmethod
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate = gelu_tanh(gate) * up, f32[n, ff], in place (ggml's f16 table)."""
+
+    @abstractmethod
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        """x += y, f32[n, dim]."""
+
+    @abstractmethod
+    def scale(self, x: np.ndarray, s: float) -> None:
+        """x *= s in place."""
+
+    @abstractmethod
+    def softcap(self, x: np.ndarray, cap: float) -> None:
+        """x = cap * tanh(x / cap) in place."""
+
+    # -- the KV cache -------------------------------------------------------------------------
+
+    @abstractmethod
+    def store_kv(self, dst: np.ndarray, ggml_type: int, slots: np.ndarray, src: np.ndarray, limit: float) -> None:
+        """Quantize on write: src f32[n, n_kv, hd] -> dst[h, slots[t]] rows of ggml_type
+        (u8[n_kv, cap, row_bytes]), values clamped to [-limit, limit] first."""
+
+    @abstractmethod
+    def load_kv(self, rows: np.ndarray, ggml_type: int, out: np.ndarray) -> None:
+        """Dequantize rows u8[m, row_bytes] of ggml_type into out f32[m, hd]."""
+
+    @abstractmethod
+    def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: np.ndarray, k: np.ndarray,
+               v: np.ndarray, out: np.ndarray, scale: float, scratch: Any) -> None:
+        """Write a chunk's K and V into its slots, then attend over every visible slot.
+
+        q: f32[n, n_heads, hd_k], k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] (RoPE
+        applied; q and k may be overwritten); slots: i64[n] this chunk's slots in the
+        layer; positions: i32[n]. Slot s is visible to query t when 0 <= slot_pos[s] <=
+        positions[t] and, in a windowed layer, positions[t] - slot_pos[s] < window.
+        out: f32[n, n_heads, hd_v] = softmax(q . k * scale) @ v per head (GQA)."""
+
+    def describe(self) -> dict[str, str]:
+        """Facts for `edgekv info` (name -> value)."""
+        return {"backend": self.name}

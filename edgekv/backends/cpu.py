@@ -1,0 +1,140 @@
+"""The CPU backends: `cpu` (AVX512-VNNI kernels where the CPU has them) and `cpu-portable`.
+
+What lives here: `CPUBackend`, which runs each operation of backends/base.py on the Numba
+kernels in kernels/, choosing them as backends/kernel_map.py says. The two backends
+differ only in whether weights of the 32-value block types take the VNNI kernels; they
+give the same bits on the exact path. What does not: the kernels, the choice of backend
+(backends/__init__.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..cache import rotate
+from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
+from ..kernels.attention_q import attention_rows, dequant_rows
+from ..kernels.config import max_threads
+from ..kernels.ggml_math import GELU_F16_TABLE
+from ..kernels.matvec import QuantMatrix, quantize_chunk
+from ..kernels.ops import (add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
+                           softcap_inplace)
+from ..kernels.quantize import store_rows
+from . import kernel_map
+from .base import Backend, LayerView
+
+
+class CPUBackend(Backend):
+    def __init__(self, name: str, use_vnni: bool):
+        self.name = name
+        self.use_vnni = use_vnni and kernel_map.vnni_available()
+        self.n_workers = max_threads()
+        self._row_scratch = np.zeros(1024, np.float32)  # store_kv's clamped row (grown to head_dim)
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
+               release: Callable[[np.ndarray], None] | None = None) -> QuantMatrix:
+        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=kernel_map.takes_vnni(ggml_type, self.use_vnni),
+                           release=release)
+
+    def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
+        w.rows(ids, out)
+
+    def project(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
+        n = x.shape[0]
+        if n == 1:
+            w.matvec(x[0], out[0])
+        elif kernel_map.batched(n):
+            w.matmul_batch(x, out)
+        else:
+            w.matmul_exact(x, out)
+
+    def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        # on the integer GEMM a chunk's activations are quantized once for all the weights
+        if kernel_map.batched(x.shape[0]) and all(w.uses_vnni and w.n_cols == x.shape[1] for w in ws):
+            acts = quantize_chunk(x)
+            for w, out in zip(ws, outs):
+                w.matmul_batch(x, out, acts)
+            return
+        for w, out in zip(ws, outs):
+            self.project(w, x, out)
+
+    # -- element-wise and per-row -----------------------------------------------------------
+
+    def rms_norm(self, x, weight, eps, out) -> None:
+        rms_norm(x, weight, np.float32(eps), out)
+
+    def rms_norm_heads(self, x, weight, eps) -> None:
+        rms_norm_heads(x, weight, np.float32(eps))
+
+    def rope_tables(self, positions, n_rot, theta, freq_scale, freq_factors, cos, sin) -> None:
+        rope_tables(positions, n_rot, np.float32(theta), np.float32(freq_scale), freq_factors, cos, sin)
+
+    def rope(self, x, cos, sin, mode) -> None:
+        rope_apply(x, cos, sin, mode)
+
+    def silu_mul(self, gate, up) -> None:
+        silu_mul(gate, up)
+
+    def gelu_mul(self, gate, up) -> None:
+        gelu_mul(gate, up, GELU_F16_TABLE)
+
+    def add(self, x, y) -> None:
+        add_inplace(x, y)
+
+    def scale(self, x, s) -> None:
+        x *= np.float32(s)
+
+    def softcap(self, x, cap) -> None:
+        softcap_inplace(x, np.float32(cap))
+
+    # -- the KV cache -------------------------------------------------------------------------
+
+    def store_kv(self, dst, ggml_type, slots, src, limit) -> None:
+        hd = src.shape[2]
+        if self._row_scratch.size < hd:
+            self._row_scratch = np.zeros(hd, np.float32)
+        store_rows(src, ggml_type, slots, dst, np.float32(limit), self._row_scratch[:hd])
+
+    def load_kv(self, rows, ggml_type, out) -> None:
+        dequant_rows(rows, ggml_type, out)
+
+    def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
+        n = q.shape[0]
+        rotate(q, layer.rot_k)  # quantized caches store rotated K and V (cache.py)
+        rotate(k, layer.rot_k)
+        rotate(v, layer.rot_v)
+        self.store_kv(layer.k, layer.type_k, slots, k, layer.limit_k)
+        self.store_kv(layer.v, layer.type_v, slots, v, layer.limit_v)
+        f16 = layer.type_k == layer.type_v == T.F16  # the path that follows llama.cpp's f16 arithmetic
+        if kernel_map.batched(n):
+            kf, vf = self._rows_f32(layer.k, layer.type_k, q.shape[2], layer.n_slots), \
+                self._rows_f32(layer.v, layer.type_v, out.shape[2], layer.n_slots)
+            attention_chunk_blas(q, positions, kf, vf, layer.slot_pos, layer.n_slots, layer.window, scale, out, f16)
+        else:
+            scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
+            if f16:
+                attention_f16(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16), layer.slot_pos,
+                              layer.n_slots, layer.window, np.float32(scale), scores, pv, out)
+            else:
+                attention_rows(q, positions, layer.k, layer.v, layer.type_k, layer.type_v, layer.slot_pos,
+                               layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out)
+        rotate(out, layer.rot_v)
+
+    def _rows_f32(self, rows: np.ndarray, ggml_type: int, hd: int, n_slots: int) -> np.ndarray:
+        """f32[n_kv, n_slots, hd]: the first n_slots slots of a layer's K or V rows."""
+        if ggml_type == T.F16:  # a table lookup
+            return F16_TO_F32[rows[:, :n_slots].view(np.uint16)]
+        part = np.ascontiguousarray(rows[:, :n_slots])
+        n_kv = part.shape[0]
+        out = np.empty((n_kv * n_slots, hd), np.float32)
+        dequant_rows(part.reshape(n_kv * n_slots, -1), ggml_type, out)
+        return out.reshape(n_kv, n_slots, hd)
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.name,
+                "weight kernels": "AVX512-VNNI (LLVM IR) + portable" if self.use_vnni else "portable (Numba)"}

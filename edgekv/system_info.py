@@ -1,0 +1,90 @@
+"""What edgekv runs with on this machine: `edgekv info` and the `--verbose` system_info line.
+
+What lives here: `system_info` (version, CPU, features found, backend, Numba threading,
+kernel cache folder) and `model_info` (which kernel serves each weight type of a model,
+the bytes per token of each cache type). What does not: choosing anything (backends/,
+backends/kernel_map.py decide; this only reports).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from importlib.metadata import PackageNotFoundError, version
+
+from .backends import Backend, available_backends, kernel_map
+from .errors import EdgeKVError
+from .kernels.config import get_num_threads
+from .kernels.jit_cache import kernel_cache_dir
+from .kernels.intrinsics import host_has
+
+FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vnni", "avx512bw")  # LLVM's names (x86)
+
+
+def edgekv_version() -> str:
+    try:
+        return version("edgekv")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def cpu_features() -> list[str]:
+    """The features this CPU has that the kernels care about."""
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return ["neon", "fma", "fp16"]  # base ARMv8.2 for the kernels' needs
+    return [f for f in FEATURES if host_has(f)]
+
+
+def threading_layer() -> str:
+    """Numba's threading layer (after its first parallel kernel ran), else the one configured."""
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        return f"{numba.config.THREADING_LAYER} (not started)"
+
+
+def system_info(backend: Backend) -> dict[str, str]:
+    return {
+        "edgekv": edgekv_version(),
+        "python": platform.python_version(),
+        "cpu": f"{platform.machine()} ({platform.processor() or 'unknown'})",
+        "cpu features": " ".join(cpu_features()) or "none of " + " ".join(FEATURES),
+        **backend.describe(),
+        "backends here": ", ".join(available_backends()),
+        "threads": f"{get_num_threads()} (numba {threading_layer()})",
+        "kernel cache": str(kernel_cache_dir()),
+    }
+
+
+def system_info_line(backend: Backend) -> str:
+    """One line, like llama.cpp's system_info."""
+    return " | ".join(f"{k} = {v}" for k, v in system_info(backend).items())
+
+
+def model_info(model) -> dict[str, str]:
+    """For an edgekv.loader.Model: its weight types with the kernels that serve them, and
+    what one token costs in the KV cache per cache type."""
+    from gguf import GGMLQuantizationType as T
+
+    from .cache import CACHE_TYPES, cache_type_for
+
+    hp, vnni = model.hp, getattr(model.backend, "use_vnni", False)
+    counts = Counter(t.ggml_type for t in model.gguf.tensors.values() if len(t.shape) == 2)
+    out = {"model": f"{model.name} ({hp.arch}, {hp.n_layers} layers, {model.path})"}
+    for ggml_type, n in sorted(counts.items()):
+        exact, batch = kernel_map.weight_kernels(ggml_type, vnni)
+        out[f"weights {T(ggml_type).name}"] = f"{n} matrices: n < {kernel_map.BATCH_MIN_TOKENS} tokens {exact}; " \
+                                             f"longer chunks {batch}"
+    for name in CACHE_TYPES:
+        try:
+            k = cache_type_for("cache_type_k", name, hp.head_dim).row_nbytes(hp.head_dim)
+            v = cache_type_for("cache_type_v", name, hp.head_dim_v).row_nbytes(hp.head_dim_v)
+        except EdgeKVError as exc:  # a block size the head size does not divide
+            out[f"cache {name}"] = f"not for this model ({exc})"
+            continue
+        per_token = hp.n_layers * hp.n_kv_heads * (k + v)
+        exact, batch = kernel_map.attention_kernels(name, name)
+        out[f"cache {name}"] = f"{per_token} bytes/token (K and V, all layers); attention {exact}, {batch}"
+    return out

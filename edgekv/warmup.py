@@ -1,0 +1,92 @@
+"""`edgekv warmup`: compile every kernel a backend will use on this CPU, once per install.
+
+Numba compiles a kernel on its first call (for SmolLM2 about half a minute, for gemma3
+a minute) and keeps the machine code in the kernel cache (kernels/jit_cache.py). This
+runs every path a model can take, so the first real answer loads them instead: both
+architectures, every weight type, an f16 and a quantized cache, decode, short chunks
+(llama.cpp's 4-token and tiled orders), long chunks (the batch path) and a context
+shift, on tiny random models (tiny_model.py). On two or more cores the exact path and
+the batch path compile side by side in two processes. A marker in the kernel
+cache records that this version's kernels are warm for this CPU and backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+log = logging.getLogger("edgekv")
+
+ARCHES = ("llama", "gemma3")
+# every matrix a whole number of 256-value blocks, so a K-quant request is a K-quant
+DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512, n_ctx=1024)
+CACHES = (("f16", "f16"), ("q8_0", "q4_0"))
+# The two paths share few kernels, so they are the two shares of the work: the exact path
+# (5 and 9 tokens: llama.cpp's gemm and tiled orders; then single tokens until the shift
+# policy frees slots) and the batch path (long chunks, then a shift).
+CHUNKS = {"exact": (5, 9) + (1,) * 20, "batch": (70, 70)}
+N_CTX = {"exact": 24, "batch": 96}
+
+
+def work_items(path: str) -> list[tuple[str, str, str]]:
+    from .tiny_model import WEIGHT_TYPES
+
+    return [(arch, wtype, path) for wtype in WEIGHT_TYPES for arch in ARCHES]
+
+
+def run_item(arch: str, weight_type: str, path: str, backend: str, folder: str) -> float:
+    """Run one tiny model through the exact or batch path with both caches; seconds taken."""
+    import numpy as np
+
+    from .loader import load
+    from .tiny_model import make_tiny_model
+
+    t0 = time.perf_counter()
+    file = Path(folder) / f"{arch}-{weight_type}-{path}.gguf"
+    model = load(make_tiny_model(file, arch=arch, weight_type=weight_type, **DIMS), backend)
+    rng = np.random.default_rng(0)
+    for cache_k, cache_v in CACHES:
+        s = model.session(n_ctx=N_CTX[path], n_batch=max(CHUNKS[path]), cache_type_k=cache_k, cache_type_v=cache_v,
+                          context_shift="shift")
+        for n in CHUNKS[path]:
+            s.eval(rng.integers(0, model.hp.n_vocab, n), all_logits=n > 1)
+        assert s.n_discarded, "the warm-up was meant to shift the context"
+    return time.perf_counter() - t0
+
+
+def _run_share(items: list[tuple[str, str, str]], backend: str, folder: str) -> float:
+    quiet, level = logging.getLogger("edgekv"), logging.getLogger("edgekv").level
+    quiet.setLevel(logging.ERROR)  # no "compiling kernels" notice per tiny model
+    try:
+        return sum(run_item(arch, wtype, path, backend, folder) for arch, wtype, path in items)
+    finally:
+        quiet.setLevel(level)
+
+
+def warmup(backend: str | None = None, jobs: int | None = None, force: bool = False) -> tuple[bool, float]:
+    """Compile the kernels of `backend` (None: EDGEKV_BACKEND / auto) for this CPU with
+    `jobs` processes (None: one per core, at most 2 are useful). Returns (whether anything
+    was run, seconds); a warm cache and not force: nothing is run."""
+    from .backends import resolve_backend_name
+    from .kernels.jit_cache import kernels_cached, mark_warm
+
+    name = resolve_backend_name(backend)
+    if kernels_cached(name) and not force:
+        return False, 0.0
+    t0 = time.perf_counter()
+    shares = [work_items("exact"), work_items("batch")]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(shares)))
+    with tempfile.TemporaryDirectory(prefix="edgekv-warmup-") as folder:
+        if jobs == 1:
+            _run_share(shares[0] + shares[1], name, folder)
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for done in [pool.submit(_run_share, share, name, folder) for share in shares]:
+                    done.result()
+    mark_warm(name)
+    return True, time.perf_counter() - t0

@@ -1,0 +1,70 @@
+"""The kernel cache (edgekv/kernels/jit_cache.py) and `edgekv warmup` (edgekv/warmup.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from edgekv.cli import main
+from edgekv.kernels import jit_cache
+from edgekv.warmup import run_item
+
+PACKAGE = Path(__file__).resolve().parents[1] / "edgekv"
+# a kernel of the package, called in a fresh interpreter; prints Numba's cache hits and misses
+PROBE = """
+import numpy as np
+from edgekv.kernels.ops import add_inplace
+x = np.ones((2, 3), np.float32)
+add_inplace(x, x)
+assert x[0, 0] == 2
+print(sum(add_inplace.stats.cache_hits.values()), sum(add_inplace.stats.cache_misses.values()))
+"""
+
+
+def _probe(cache: Path) -> tuple[int, int]:
+    """(cache hits, cache misses) of one kernel call in a new process with this kernel cache."""
+    env = dict(os.environ, EDGEKV_KERNEL_CACHE=str(cache))
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    hits, misses = done.stdout.split()
+    return int(hits), int(misses)
+
+
+def test_kernels_are_cached_in_the_kernel_folder_and_loaded_from_it(tmp_path):
+    cache = tmp_path / "kernels"
+    assert _probe(cache) == (0, 1)  # compiled, and saved there
+    assert list(cache.rglob("ops.add_inplace-*.nbi")) and list(cache.rglob("ops.add_inplace-*.nbc"))
+    assert _probe(cache) == (1, 0)  # the next process loads it
+
+
+def test_the_sources_key_follows_contents_not_file_times(tmp_path):
+    copy = tmp_path / "edgekv"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert jit_cache._sources_key(copy) == jit_cache.SOURCES_KEY
+    ops = copy / "kernels" / "ops.py"
+    os.utime(ops, (1, 1))  # a reinstall writes the same files anew
+    assert jit_cache._sources_key(copy) == jit_cache.SOURCES_KEY
+    ops.write_text(ops.read_text() + "\n# changed\n")  # a callee's change invalidates every kernel
+    assert jit_cache._sources_key(copy) != jit_cache.SOURCES_KEY
+
+
+def test_warm_marker_per_backend(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path))
+    assert not jit_cache.kernels_cached("cpu")
+    jit_cache.mark_warm("cpu")
+    assert jit_cache.kernels_cached("cpu") and not jit_cache.kernels_cached("cpu-portable")
+
+
+def test_warmup_does_nothing_when_warm(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path))
+    jit_cache.mark_warm("cpu-portable")
+    assert main(["warmup", "--backend", "cpu-portable"]) == 0
+    assert "kernels already compiled" in capsys.readouterr().err
+
+
+def test_a_warmup_item_runs_its_path_through_a_shift(tmp_path):
+    for path in ("exact", "batch"):
+        assert run_item("gemma3", "Q4_K", path, "cpu", str(tmp_path)) > 0  # asserts the shift itself
