@@ -1,7 +1,8 @@
 """edgekv: run GGUF language models on CPUs and edge devices, with a ring-buffer KV cache.
 
 The public surface: `Llama` (llama-cpp-python's high-level API), `load` (one model, many
-sessions: `edgekv.load("smollm2-135m-instruct").session(n_ctx=1024)`, see the README), and the
+sessions: `edgekv.load("smollm2-135m-instruct").session(n_ctx=1024)`, see the README),
+`stream_generate` (a session and a prompt -> a `GenerationStep` per token), and the
 exceptions, all under `EdgeKVError`. Everything else is importable from
 its module but not promised to stay put.
 
@@ -28,6 +29,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .llama import Llama
     from .llama_state import LlamaState
+    from .generate import GenerationStep, stream_generate
     from .loader import Model, load
 
 try:
@@ -35,11 +37,13 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-_LAZY = {"Llama": "llama", "LlamaState": "llama_state", "Model": "loader", "load": "loader"}
+_LAZY = {"Llama": "llama", "LlamaState": "llama_state", "Model": "loader", "load": "loader",
+         "stream_generate": "generate", "GenerationStep": "generate"}
 
 __all__ = [
-    "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "Llama", "LlamaState", "Model",
-    "ModelNotFoundError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
+    "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "GenerationStep", "Llama", "LlamaState",
+    "Model", "ModelNotFoundError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
+    "stream_generate",
 ]
 
 
