@@ -7,7 +7,7 @@ exceptions, all under `EdgeKVError`. Everything else is importable from
 its module but not promised to stay put.
 
 `Llama`, `LlamaState`, `Model` and `load` are imported on first use (PEP 562), so that
-`import edgekv.tokenizer` or `edgekv list` does not pay for Numba and the kernels.
+`import edgekv.text.tokenizer` or `edgekv list` does not pay for Numba and the kernels.
 """
 
 from __future__ import annotations
@@ -16,19 +16,12 @@ from importlib import import_module
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    ChatTemplateError,
-    ContextFullError,
-    EdgeKVError,
-    GGUFError,
-    ModelNotFoundError,
-    TokenizerError,
-    UnsupportedModelError,
-)
+from .errors import (ChatTemplateError, ContextFullError, EdgeKVError, GGUFError, ModelNotFoundError, TokenizerError,
+                     UnsupportedModelError)
 
 if TYPE_CHECKING:
-    from .llama import Llama
-    from .llama_state import LlamaState
+    from .api.facade import Llama
+    from .api.llama_state import LlamaState
     from .generate import GenerationStep, stream_generate
     from .loader import Model, load
 
@@ -37,7 +30,7 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-_LAZY = {"Llama": "llama", "LlamaState": "llama_state", "Model": "loader", "load": "loader",
+_LAZY = {"Llama": "api.facade", "LlamaState": "api.llama_state", "Model": "loader", "load": "loader",
          "stream_generate": "generate", "GenerationStep": "generate"}
 
 __all__ = [

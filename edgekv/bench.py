@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
 import numpy as np
 
 from .errors import EdgeKVError
+from .system_info import cpu_info
 
 if TYPE_CHECKING:
     from .gguf import GGUFFile
@@ -265,20 +266,6 @@ def run_test(model: "Model", test: BenchTest, repetitions: int, info: ModelInfo 
 
 
 @lru_cache(maxsize=1)
-def cpu_info() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def _version() -> str:
     from . import __version__
 

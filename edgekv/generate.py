@@ -4,8 +4,8 @@ What lives here: `generate_step` (the loop every generation runs: sample the nex
 yield it, evaluate it), `GenerationStep` (what `stream_generate` yields per token: its
 text, id, log-prob, finish reason and live statistics) and `stream_generate` (a session
 and a prompt -> steps). The `Llama` facade generates through `generate_step` too.
-What does not: OpenAI-shaped responses, stop strings and log-prob records (llama.py,
-completion.py, logprobs.py), context planning (context_manager.py).
+What does not: OpenAI-shaped responses, stop strings and log-prob records (api/facade.py,
+api/responses.py, api/logprobs.py), context planning (api/context_growth.py).
 
     for step in stream_generate(model, session, prompt_ids, max_tokens=64, temperature=0):
         print(step.text, end="", flush=True)

@@ -2,7 +2,7 @@
 
 `load()` is the lower-level entry point for programs that keep several conversations:
 one `Model` (weights, read-only, shared) and any number of `Session`s from
-`model.session(...)`. The `Llama` facade (llama.py) is built on it.
+`model.session(...)`. The `Llama` facade (api/facade.py) is built on it.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import time
 
 from .backends import Backend, get_backend
 from .catalog import resolve_model
-from .chat_format import ChatFormatter
 from .gguf import GGUFFile
 from .kernels.jit_cache import kernels_cached
 from .models import build_model
 from .session import Session
 from .system_info import system_info_line
-from .tokenizer import Tokenizer
+from .text.chat_format import ChatFormatter
+from .text.tokenizer import Tokenizer
 
 log = logging.getLogger("edgekv")
 

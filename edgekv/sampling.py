@@ -4,7 +4,7 @@ What lives here: `SamplingParams` (the knobs, with llama.cpp's defaults), the lo
 processors as small functions (logit bias, repetition penalties, top-k, top-p, min-p,
 temperature), and `Sampler`, which chains them in llama.cpp's default order and draws
 from a `np.random.Generator` it owns, so a run with the same seed repeats exactly.
-What does not: evaluating the model (session.py), stop conditions and text (llama.py).
+What does not: evaluating the model (session.py), stop conditions and text (generate.py, api/facade.py).
 
 The chain, as llama.cpp's common_sampler builds it (logit bias is added before the
 sampler sequence there, so it comes first here too):

@@ -15,8 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from .backends import Backend, available_backends, kernel_map
 from .errors import EdgeKVError
 from .kernels.config import get_num_threads
+from .kernels.intrinsics import host_cpu_name, host_has
 from .kernels.jit_cache import kernel_cache_dir
-from .kernels.intrinsics import host_has
 
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vnni", "avx512bw")  # LLVM's names (x86)
 
@@ -26,6 +26,18 @@ def edgekv_version() -> str:
         return version("edgekv")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def cpu_info() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_features() -> list[str]:
@@ -49,7 +61,7 @@ def system_info(backend: Backend) -> dict[str, str]:
     return {
         "edgekv": edgekv_version(),
         "python": platform.python_version(),
-        "cpu": f"{platform.machine()} ({platform.processor() or 'unknown'})",
+        "cpu": f"{cpu_info()} ({platform.machine()}, LLVM: {host_cpu_name()})",
         "cpu features": " ".join(cpu_features()) or "none of " + " ".join(FEATURES),
         **backend.describe(),
         "backends here": ", ".join(available_backends()),

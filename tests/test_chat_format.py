@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from edgekv.chat_format import ChatFormatter, fallback_template_name
+from edgekv.text.chat_format import ChatFormatter, fallback_template_name
 from edgekv.errors import ChatTemplateError
 from edgekv.gguf import GGUFFile
-from edgekv.tokenizer import Tokenizer
+from edgekv.text.tokenizer import Tokenizer
 
 SMOLLM2_KEY = "smollm2-135m-instruct-q4_1"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},

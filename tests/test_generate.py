@@ -9,7 +9,7 @@ import pytest
 import edgekv
 from edgekv.generate import GenerationStep, stream_generate
 from edgekv.loader import load
-from edgekv.tokenizer import decode_utf8_like_llama
+from edgekv.text.tokenizer import decode_utf8_like_llama
 
 PROMPT = [5, 17, 42, 3, 99, 7]
 

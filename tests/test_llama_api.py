@@ -1,4 +1,4 @@
-"""Tests for edgekv/llama.py, the llama-cpp-python-compatible facade, on tiny random models
+"""Tests for edgekv/api/facade.py, the llama-cpp-python-compatible facade, on tiny random models
 written by edgekv/tiny_model.py (llama: GPT-2 BPE + ChatML; gemma3: SPM + Gemma turns)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-import edgekv.llama as llama_module
+import edgekv.api.facade as llama_module
 from edgekv import ContextFullError, EdgeKVError, Llama
 
 from edgekv import tiny_model as mtm  # noqa: E402

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgekv import EdgeKVError, Llama
-from edgekv.logprobs import LogprobRecorder, log_softmax
+from edgekv.api.logprobs import LogprobRecorder, log_softmax
 from test_llama_api import BAN, CHUNKING_ATOL, TEXT, no_eog, spanning_stop
 
 from edgekv import tiny_model as mtm  # noqa: E402

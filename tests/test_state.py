@@ -1,4 +1,4 @@
-"""Tests for edgekv/state.py (state files), `Llama.save_state_file` / `load_state_file` and
+"""Tests for edgekv/state_file.py (state files), `Llama.save_state_file` / `load_state_file` and
 `edgekv run --prompt-cache`, on tiny random models.
 
 A loaded state must continue exactly as the session that saved it (same greedy tokens, same
@@ -23,8 +23,8 @@ from edgekv.cli import main
 from edgekv.cache import CACHE_TYPES
 from edgekv.errors import StateFileError
 from edgekv.loader import load
-from edgekv import state as state_mod
-from edgekv.state import MAGIC, load_session, model_fingerprint, save_session
+from edgekv import state_file as state_mod
+from edgekv.state_file import MAGIC, load_session, model_fingerprint, save_session
 
 PROMPT = [1, 17, 42, 5, 99, 23, 8, 61, 4, 30, 12, 77, 3, 50, 19, 2, 44, 9, 71, 6]
 N_CONTINUE = 64
@@ -81,7 +81,7 @@ def test_a_loaded_state_continues_exactly_here_and_in_a_new_process(tiny_model, 
         import json, sys
         import numpy as np
         from edgekv.loader import load
-        from edgekv.state import load_session, model_fingerprint
+        from edgekv.state_file import load_session, model_fingerprint
         path, file, out, kw = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
         model = load(path)
         s = model.session(**kw)

@@ -9,9 +9,9 @@ import pytest
 
 from edgekv.errors import TokenizerError, UnsupportedModelError
 from edgekv.gguf import GGUFFile
-from edgekv.tokenizer import StreamingDetokenizer, Tokenizer, decode_utf8_like_llama
-from edgekv.tokenizer_bpe import BYTE_TO_UNICODE, PRE_TOKENIZERS, BPEModel, byte_encode
-from edgekv.tokenizer_vocab import ATTR_BYTE
+from edgekv.text.tokenizer import StreamingDetokenizer, Tokenizer, decode_utf8_like_llama
+from edgekv.text.bpe import BYTE_TO_UNICODE, PRE_TOKENIZERS, BPEModel, byte_encode
+from edgekv.text.vocab import ATTR_BYTE
 
 REFERENCE_GPL3 = Path(__file__).resolve().parent / "reference" / "gpl3.txt"
 

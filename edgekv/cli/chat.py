@@ -13,7 +13,7 @@ Ctrl-C during an answer stops it after the current token and keeps the partial a
 the conversation (a second Ctrl-C stops at once, even during a long prompt); Ctrl-C at the
 prompt ends the chat with status 130, Ctrl-D (end of input) or /exit with status 0.
 What does not: the slash commands, the conversation's bookkeeping and chat files
-(chat_commands.py); generation and templates (llama.py, chat_format.py).
+(chat_commands.py); generation and templates (api/facade.py, text/chat_format.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .chat_commands import MULTILINE_HELP, Conversation, run_command, stats_line
 from .common import add_kv_options, add_model_options, add_sampling_options, make_llama, sampling_kwargs
 
 if TYPE_CHECKING:
-    from ..llama import Llama
+    from ..api.facade import Llama
 
 BLOCK = '"""'
 

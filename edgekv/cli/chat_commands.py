@@ -29,8 +29,8 @@ import numpy as np
 from ..errors import EdgeKVError
 
 if TYPE_CHECKING:
-    from ..completion import GenerationStats
-    from ..llama import Llama
+    from ..api.facade import Llama
+    from ..api.responses import GenerationStats
 
 CHAT_FORMAT, CHAT_VERSION = "edgekv-chat", 1
 _GEOMETRY = ("cache_type_k", "cache_type_v")  # what a chat file's KV state needs of the session (and n_ctx:

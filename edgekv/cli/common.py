@@ -11,8 +11,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..completion import GenerationStats
-    from ..llama import Llama
+    from ..api.facade import Llama
+    from ..api.responses import GenerationStats
 
 
 def ctx_size(text: str) -> int | str:
@@ -131,7 +131,7 @@ def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1
 
 
 def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
-    from ..llama import Llama
+    from ..api.facade import Llama
 
     return Llama(model or args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                  seed=args.seed if hasattr(args, "seed") else 0, cache_type_k=args.cache_type_k,

@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import EdgeKVError
 from ..context import parse_layer_windows
+from ..errors import EdgeKVError
 from .common import add_kv_options, add_model_options
 
 LOGIT_ROWS = 128

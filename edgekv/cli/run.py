@@ -1,7 +1,7 @@
 """`edgekv run`: complete one prompt, streaming the text to stdout and the timings to stderr.
 
 What lives here: the command's options (llama.cpp's `-p`, `-f`, `-e`, `-n`, ...) and its
-loop. What does not: generation itself (llama.py).
+loop. What does not: generation itself (api/facade.py).
 """
 
 from __future__ import annotations

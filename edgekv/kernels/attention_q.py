@@ -49,6 +49,10 @@ def _block_scale(builder, src, offset):
 
 
 def _row_intrinsic(ggml_type, block_bytes):
+    """(dot, add) for cache rows of ggml_type: dot(x f32[hd], src u8[hd / 32 * block_bytes])
+    -> float32 x . row; add(acc f32[hd], w float32, src) does acc += w * row. src is one
+    token's head in the cache (a C-contiguous slice of u8[n_kv, cap, row_bytes])."""
+
     @intrinsic
     def dot(typingctx, x, src):
         # x . (a Q8_0 / Q4_0 cache row read in place); float32, any summation order
@@ -97,8 +101,8 @@ def _row_intrinsic(ggml_type, block_bytes):
     return dot, add
 
 
-_dot_q8_0, _add_q8_0 = _row_intrinsic(8, 34)
-_dot_q4_0, _add_q4_0 = _row_intrinsic(2, 18)
+_dot_q8_0, _add_q8_0 = _row_intrinsic(T.Q8_0, 34)  # block bytes: f16 scale + 32 codes
+_dot_q4_0, _add_q4_0 = _row_intrinsic(T.Q4_0, 18)  # f16 scale + 16 bytes of nibbles
 
 
 @nb.njit(**dict(JIT_FLAGS, inline="always"))  # inlined: per-slot calls cost more than the work

@@ -34,7 +34,11 @@ TOKENS = 8  # tokens per call: 8 float accumulators + 8 code vectors fit in the 
 
 def _gemm_codegen(kind):
     """(qs, qh, d, xq4, xsum, xd, g, c, t0, out) -> out[t0:t0+8, g*R + 16c : +16]; tokens
-    past the end of xq4 are computed on the last token and not stored."""
+    past the end of xq4 are computed on the last token and not stored.
+
+    Operands as vnni._chunk_codegen's (qs, qh, d: the repacked weight), with a token axis
+    on the activations: xq4 i32[n_tok, NB, 8], xsum i32[n_tok, NB, 16], xd f32[n_tok, NB, 2];
+    t0 int64 the first of the 8 tokens; out f32[n_tok, >= G * R] (C-contiguous rows)."""
 
     def codegen(context, builder, sig, args):
         qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 9)

@@ -10,7 +10,7 @@ only that module's source, although callees from other modules are compiled into
 edgekv's locator changes both: the code goes to one folder outside the package
 (EDGEKV_KERNEL_CACHE, default ~/.cache/edgekv/kernels, so reinstalling the same
 version keeps it), and a cached kernel is fresh only while the *contents* of every
-edgekv module with Numba code are unchanged (SOURCES_KEY), so a change to a callee
+module kernels are made from are unchanged (SOURCES_KEY), so a change to a callee
 recompiles its callers instead of running stale inlined code. Numba's own data key
 still holds the signature and the CPU (name and features), so one folder serves
 several machines that share a home directory.
@@ -38,11 +38,12 @@ def kernel_cache_dir() -> Path:
 
 
 def _sources_key(package: Path = _PACKAGE) -> str:
-    """A hash of the contents of every edgekv module that holds Numba code."""
+    """A hash of the contents of what compiled kernels are made from: every module of
+    kernels/ (kernels, intrinsics, JIT flags) and any other edgekv module with a kernel."""
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         text = path.read_bytes()
-        if b"numba" in text:
+        if path.parent.name == "kernels" or b"njit" in text:
             h.update(str(path.relative_to(package)).encode() + b"\0" + text + b"\0")
     return h.hexdigest()[:16]
 

@@ -85,7 +85,17 @@ def scale16(builder, d_data, index, factor):
 
 
 def _chunk_codegen(kind):
-    """IR body for ggml type `kind`: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + 16c : +16]."""
+    """IR body for ggml type `kind`: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + 16c : +16].
+
+    Operands (C-contiguous; G row groups of R rows, NB blocks of 32 values, repack.py):
+      qs    u32[G, NB, 8, R]    block codes, 4 bytes per word, row g*R + r in lane r
+      qh    u32[G, NB, 1, R]    Q5_0/Q5_1: the 32 fifth bits per row; else size 0
+      d     u16[G, NB, D, R]    f16 bits of the block scale d (and Q4_1/Q5_1's min m: D = 2)
+      xq4   i32[NB, 8]          the token's q8 codes, 4 bytes per word (activations.py)
+      xsum  i32[NB, 16]         per block: lane sums of 4 codes (8..15), used for the offsets
+      xd    f32[NB, 2]          per block: the activation scale (f16-rounded) and d * sum
+      g, c  int64               the row group and its 16-row chunk
+      out   f32[G * R]          written at g*R + 16c .. +16"""
 
     def codegen(context, builder, sig, args):
         qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 8)
@@ -135,11 +145,11 @@ def _chunk_intrinsic(kind):
     return chunk
 
 
-_q8_0_chunk = _chunk_intrinsic(8)
-_q4_0_chunk = _chunk_intrinsic(2)
-_q4_1_chunk = _chunk_intrinsic(3)
-_q5_0_chunk = _chunk_intrinsic(6)
-_q5_1_chunk = _chunk_intrinsic(7)
+_q8_0_chunk = _chunk_intrinsic(T.Q8_0)
+_q4_0_chunk = _chunk_intrinsic(T.Q4_0)
+_q4_1_chunk = _chunk_intrinsic(T.Q4_1)
+_q5_0_chunk = _chunk_intrinsic(T.Q5_0)
+_q5_1_chunk = _chunk_intrinsic(T.Q5_1)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps

@@ -3,7 +3,7 @@
 What lives here: which `Llama(...)` options edgekv accepts and ignores (GPU offload,
 mmap, ...), which generation options it accepts only at their "off" value, and the
 checks that raise a clear error for the rest; what `n_threads` and `verbose` do. What does
-not: the options edgekv implements (llama.py, context_manager.py).
+not: the options edgekv implements (facade.py, context_growth.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import EdgeKVError
+from ..errors import EdgeKVError
 
 log = logging.getLogger("edgekv")
 
@@ -58,7 +58,7 @@ def check_options(options: dict[str, Any]) -> None:
 def set_threads(n_threads: int) -> None:
     """n_threads: the kernels' thread count (logged; a warning where it cannot be set)."""
     try:
-        from .kernels.config import set_num_threads
+        from ..kernels.config import set_num_threads
     except ImportError:  # a build without the Numba kernels
         log.warning("n_threads=%s ignored: the kernels' thread control is unavailable", n_threads)
         return

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import EdgeKVError
-from .session import SessionState
-from .state import save_session
-from .state import model_fingerprint as fingerprint_of
+from ..errors import EdgeKVError
+from ..session import SessionState
+from ..state_file import model_fingerprint as fingerprint_of
+from ..state_file import save_session
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StateMixin:
 
     def save_state_file(self, path: str | os.PathLike) -> None:
         """Write the conversation (live KV slots, tokens, last logits) to `path` atomically,
-        with this model's fingerprint and a checksum (format: edgekv/state.py). With
+        with this model's fingerprint and a checksum (format: edgekv/state_file.py). With
         logits_all, the scores of earlier tokens are not saved."""
         save_session(self._session, self.model_fingerprint, path)
 

@@ -3,8 +3,8 @@
 What lives here: `Tokenizer` (the entry point: `Tokenizer.from_gguf(metadata)`), the
 special-token partition that runs before either algorithm (llama.cpp's
 tokenizer_st_partition), BOS/EOS placement, decoding, and `StreamingDetokenizer`.
-What does not: the vocabulary and its special-token rules (tokenizer_vocab.py), byte-level
-BPE (tokenizer_bpe.py), SentencePiece merges (tokenizer_spm.py), chat templates
+What does not: the vocabulary and its special-token rules (vocab.py), byte-level
+BPE (bpe.py), SentencePiece merges (spm.py), chat templates
 (chat_format.py).
 
 Partition: every control, user-defined and unknown token is cut out of the raw text,
@@ -18,10 +18,10 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterable, Union
 
-from .errors import TokenizerError
-from .tokenizer_bpe import BPEModel
-from .tokenizer_spm import SPACE_ESCAPE, SPMModel
-from .tokenizer_vocab import ATTR_CONTROL, ATTR_UNKNOWN, Vocab
+from ..errors import TokenizerError
+from .bpe import BPEModel
+from .spm import SPACE_ESCAPE, SPMModel
+from .vocab import ATTR_CONTROL, ATTR_UNKNOWN, Vocab
 
 # A partitioned text: a special token id, or a (start, end) byte range of raw text.
 Fragment = Union[int, tuple[int, int]]

@@ -4,12 +4,12 @@ What lives here: `Llama` (tokenize, eval, generate, create_completion, create_ch
 in-memory state, state files), the generation loop (prompt reuse, end-of-generation tokens,
 max_tokens) and checking llama-cpp-python's options.
 What does not: the context's size (the n_ctx="auto" plan, the memory budget, growth, making
-the session: context_manager.py), stop strings, the OpenAI-shaped response dicts and the
-generation statistics (completion.py), save_state/load_state and state files
+the session: context_growth.py), stop strings, the OpenAI-shaped response dicts and the
+generation statistics (responses.py), save_state/load_state and state files
 (llama_state.py), the forward pass, the cache and its snapshots
-(models/, session.py, cache.py), the state file format (state.py), the sampler chain
-(sampling.py), log-probs (logprobs.py), text <-> ids (tokenizer.py), chat templates
-(chat_format.py).
+(models/, session.py, cache.py), the state file format (state_file.py), the sampler chain
+(sampling.py), the step generator (generate.py), log-probs (logprobs.py), text <-> ids
+(text/tokenizer.py), chat templates (text/chat_format.py).
 
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
@@ -26,19 +26,19 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..context import KVPlan
+from ..errors import ContextFullError, EdgeKVError
+from ..generate import generate_step
+from ..loader import load
+from ..sampling import LogitsProcessor, Sampler, sampler_for
+from ..session import Session
+from ..text.chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
 from .compat import SAMPLER_OPTIONS, check_compat, check_options, log_to_stderr, set_threads
-from .chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
-from .completion import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
-                         completion_chunks, completion_head, stop_list, text_completion)
-from .context import KVPlan
-from .context_manager import ContextManager, continue_after_shift
-from .errors import ContextFullError, EdgeKVError
-from .generate import generate_step
-from .loader import load
-from .logprobs import LogprobRecorder, chat_recorder, make_recorder
-from .sampling import LogitsProcessor, Sampler, sampler_for
+from .context_growth import ContextManager, continue_after_shift
 from .llama_state import LlamaState, StateMixin  # noqa: F401  (LlamaState: also importable from here)
-from .session import Session
+from .logprobs import LogprobRecorder, chat_recorder, make_recorder
+from .responses import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
+                        completion_chunks, completion_head, stop_list, text_completion)
 
 log = logging.getLogger("edgekv")
 

@@ -8,7 +8,7 @@ conversation copied once), re-sizing to a restored snapshot, and the one-line pl
 `layer_windows` options that decide it.
 What does not: the planning arithmetic (capacities, bytes, budgets: context.py), the cache
 and what a full context does (session.py, cache.py), the generation loop and the
-llama-cpp-python API (llama.py). Not a Python `with` context manager.
+llama-cpp-python API (facade.py). Not a Python `with` context manager.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import logging
 
 import numpy as np
 
-from . import context as ctxplan
-from .errors import EdgeKVError
-from .session import Session, SessionState
-from .state import load_session, state_file_n_ctx
+from .. import context as ctxplan
+from ..errors import EdgeKVError
+from ..session import Session, SessionState
+from ..state_file import load_session, state_file_n_ctx
 
 log = logging.getLogger("edgekv")
 

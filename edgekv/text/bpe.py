@@ -3,7 +3,7 @@
 What lives here: the pre-tokenizer regex lists keyed by `tokenizer.ggml.pre` (copied
 in meaning from llama.cpp's `llama-vocab.cpp`), the GPT-2 byte <-> unicode table, and
 merging by rank inside one pre-tokenized word. What does not: the vocabulary, special
-tokens and BOS/EOS handling (tokenizer_vocab.py, tokenizer.py).
+tokens and BOS/EOS handling (vocab.py, tokenizer.py).
 
 llama.cpp runs each regex of a list over the fragments left by the previous one and
 keeps the text between matches as fragments of its own; a regex never sees past the
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import regex
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (

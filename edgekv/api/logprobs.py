@@ -6,8 +6,8 @@ hands them out as the text they belong to is emitted (so a streamed chunk carrie
 log-probs of its own tokens, and tokens cut off by a stop string carry none), and the two
 response shapes: the completions API's {"tokens", "text_offset", "token_logprobs",
 "top_logprobs"} and the chat API's {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}.
-What does not: sampling (sampling.py), the generation loop (llama.py), the rest of the
-response dicts (completion.py).
+What does not: sampling (sampling.py), the generation loop (facade.py), the rest of the
+response dicts (responses.py).
 
 The log-probs are the log-softmax of the logits after logits processors, logit bias and
 penalties, before top-k/top-p/min-p and temperature: the distribution the sampler starts
@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import EdgeKVError
-from .sampling import top_k_ids
+from ..errors import EdgeKVError
+from ..sampling import top_k_ids
 
 # Llama.detokenize: (tokens, prev_tokens) -> bytes
 Detokenize = Callable[[Sequence[int], Sequence[int]], bytes]

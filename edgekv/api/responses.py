@@ -5,7 +5,7 @@ stop string even when it spans tokens), the OpenAI-shaped `text_completion` and
 `chat.completion` dicts and their streamed chunks (llama-cpp-python's shapes, key order
 included), and `GenerationStats`, the timings the CLI prints.
 What does not: the `Llama` object and its conversation state, prompt evaluation and the
-generation loop (llama.py), sampling (sampling.py), ids -> bytes (tokenizer.py), the
+generation loop (facade.py, generate.py), sampling (sampling.py), ids -> bytes (text/tokenizer.py), the
 log-probs' own shapes (logprobs.py).
 """
 

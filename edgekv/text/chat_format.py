@@ -5,7 +5,7 @@ it runs in Jinja2's ImmutableSandboxedEnvironment) with the variables Hugging Fa
 llama-cpp-python provide (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
 `raise_exception`, `strftime_now`, `tools`, ...), the built-in fallbacks for GGUFs that
 carry no template, and which strings and token ids end an assistant turn. What does not:
-tokenization (tokenizer.py) and generation or stop handling (session.py / llama.py).
+tokenization (tokenizer.py) and generation or stop handling (generate.py / api/facade.py).
 
 Fallback when the GGUF has no template: ChatML, as llama.cpp does, except for vocabularies
 that have Gemma's turn tokens (`<start_of_turn>`, `<end_of_turn>`) and no ChatML tokens,
@@ -22,7 +22,7 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ChatTemplateError
+from ..errors import ChatTemplateError
 from .tokenizer import Tokenizer
 
 CHATML_TEMPLATE = (

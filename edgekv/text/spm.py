@@ -4,14 +4,14 @@ What lives here: the bigram merge over one text fragment (highest score first, l
 on ties) and byte fallback to `<0xNN>` tokens. It works on UTF-8 bytes, as llama.cpp
 does, so invalid UTF-8 falls back to byte tokens the same way. What does not: the
 space prefix and `▁` escaping of a fragment and the special-token partition that
-produces the fragments (tokenizer.py), the vocabulary (tokenizer_vocab.py).
+produces the fragments (tokenizer.py), the vocabulary (vocab.py).
 """
 
 from __future__ import annotations
 
 import heapq
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 
 SPACE_ESCAPE = "\u2581".encode()  # '▁', what SentencePiece writes for a space
 

@@ -4,7 +4,7 @@ What lives here: tokens, scores and per-token attributes (from `tokenizer.ggml.t
 the special ids (BOS, EOS, EOT, FIM ...) with llama.cpp's defaults and text-based
 auto-detection, the end-of-generation set, the add_bos/add_eos/add_space_prefix flags,
 and each token's piece (its bytes when detokenized). What does not: turning text into
-ids (tokenizer.py, tokenizer_bpe.py, tokenizer_spm.py).
+ids (tokenizer.py, bpe.py, spm.py).
 
 Everything here follows `llama_vocab::impl::load` in llama.cpp's `src/llama-vocab.cpp`.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import TokenizerError, UnsupportedModelError
-from .tokenizer_bpe import PreTokenizer, byte_decode, pre_tokenizer_for
+from ..errors import TokenizerError, UnsupportedModelError
+from .bpe import PreTokenizer, byte_decode, pre_tokenizer_for
 
 log = logging.getLogger("edgekv")
 

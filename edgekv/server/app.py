@@ -6,10 +6,10 @@ events for streams, mapping edgekv's exceptions to HTTP errors, and `GenerationQ
 generation at a time on a worker thread (the model is not thread-safe), at most
 `max_queue` requests waiting (429 beyond), and a client that goes away stops its
 generation. Requests share the one `Llama`, so a conversation whose next request extends
-it reuses the evaluated prefix (llama.py does that).
-What does not: checking a request's fields and the error shape (server_requests.py), HTTP
+it reuses the evaluated prefix (api/facade.py does that).
+What does not: checking a request's fields and the error shape (requests.py), HTTP
 itself (Starlette and uvicorn), the command line and the listening socket (cli/serve.py),
-generation and the response dicts (llama.py, completion.py).
+generation and the response dicts (api/facade.py, api/responses.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from .completion import usage
-from .errors import ContextFullError, EdgeKVError
-from .server_requests import ApiError, chat_messages, completion_prompt, field, sampling_options, stream_flags
+from ..api.responses import usage
+from ..errors import ContextFullError, EdgeKVError
+from .requests import ApiError, chat_messages, completion_prompt, field, sampling_options, stream_flags
 
 log = logging.getLogger("edgekv")
 

@@ -4,7 +4,7 @@ What lives here: the file format, `save_session` (atomic: temp file + rename),
 `load_session` (transactional: the whole file is validated before the session changes)
 and `model_fingerprint`. What does not: the in-memory snapshot itself
 (`Session.snapshot` / `Session.restore`, session.py) and the facade methods
-(`Llama.save_state_file` / `load_state_file`, llama.py).
+(`Llama.save_state_file` / `load_state_file`, api/llama_state.py).
 
 Layout (all integers little-endian; version 1):
 
