@@ -29,7 +29,12 @@ Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
 | any other pair     | attention_q.py attention_rows (Q8_0/Q4_0 rows read in place) | rows dequantized + attention_chunk_blas |
 
 Element-wise kernels (ops.py: RMS norm, RoPE, SiLU/GELU, residual adds) are the same on
-every CPU backend and bit-exact. What does not live here: the kernels (kernels/), the
+every CPU backend and bit-exact.
+
+Planned columns: aarch64 `sdot` kernels for the 32-value block types (the same bits as
+portable on the exact path), and a `cuda` backend (its own table: NVRTC-compiled kernels,
+not bit-exact with the CPU). A CPU or backend lacking a kernel falls back to the portable
+one for that weight type, and `edgekv info -m MODEL` shows which one serves each type. What does not live here: the kernels (kernels/), the
 interface (backends/base.py), the backend objects (backends/cpu.py).
 """
 

@@ -121,7 +121,9 @@ def dot_f16(q, k_row, acc, one_register):
 @intrinsic
 def _dot_f16_4reg(typingctx, q, k_row):
     # ggml_vec_dot_f16 as one query's decode runs it, for hd a multiple of 64, written in
-    # LLVM IR so the four 16-lane accumulators stay in registers: element 64c + 16j + l
+    # LLVM IR so the four 16-lane accumulators stay in registers. Operands: q f32[hd] (values
+    # already rounded to f16), k_row u16[hd] (one cached key's f16 bits), both contiguous
+    # (a row of attention_f16's q[t, h] and k_cache[kvh, s]). Element 64c + 16j + l
     # FMA-accumulates in lane l of register j; then (r0 + r2) + (r1 + r3) and
     # _mm512_reduce_add_ps's tree (lanes i + i+8, i + i+4, then (0+2) + (1+3)).
     def codegen(context, builder, sig, args):
