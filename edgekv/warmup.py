@@ -19,6 +19,10 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Callable
+
+from .errors import EdgeKVError
+from .kernels.jit_cache import kernel_cache_dir
 
 log = logging.getLogger("edgekv")
 
@@ -68,16 +72,31 @@ def _run_share(items: list[tuple[str, str, str]], backend: str, folder: str) -> 
         quiet.setLevel(level)
 
 
-def warmup(backend: str | None = None, jobs: int | None = None, force: bool = False) -> tuple[bool, float]:
+def _check_writable(folder: Path) -> None:
+    """EdgeKVError unless compiled kernels can be saved in folder (else the work is lost)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise EdgeKVError(f"cannot write the kernel cache {folder} ({exc.strerror or exc}); set "
+                          f"EDGEKV_KERNEL_CACHE to a writable folder") from None
+
+
+def warmup(backend: str | None = None, jobs: int | None = None, force: bool = False,
+           on_start: Callable[[str, Path], None] | None = None) -> tuple[bool, float]:
     """Compile the kernels of `backend` (None: EDGEKV_BACKEND / auto) for this CPU with
     `jobs` processes (None: one per core, at most 2 are useful). Returns (whether anything
-    was run, seconds); a warm cache and not force: nothing is run."""
+    was run, seconds); a warm cache and not force: nothing is run. on_start(backend name,
+    kernel cache folder) is called when compiling begins."""
     from .backends import resolve_backend_name
     from .kernels.jit_cache import kernels_cached, mark_warm
 
     name = resolve_backend_name(backend)
     if kernels_cached(name) and not force:
         return False, 0.0
+    _check_writable(kernel_cache_dir())
+    if on_start is not None:
+        on_start(name, kernel_cache_dir())
     t0 = time.perf_counter()
     shares = [work_items("exact"), work_items("batch")]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(shares)))

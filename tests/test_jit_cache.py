@@ -68,3 +68,12 @@ def test_warmup_does_nothing_when_warm(monkeypatch, tmp_path, capsys):
 def test_a_warmup_item_runs_its_path_through_a_shift(tmp_path):
     for path in ("exact", "batch"):
         assert run_item("gemma3", "Q4_K", path, "cpu", str(tmp_path)) > 0  # asserts the shift itself
+
+
+def test_warmup_into_a_folder_that_cannot_be_written_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(blocker / "kernels"))  # under a file: nobody can create it
+    assert main(["warmup", "--backend", "cpu-portable"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write the kernel cache" in err and "EDGEKV_KERNEL_CACHE" in err and "compiling" not in err

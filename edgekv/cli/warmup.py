@@ -23,14 +23,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def warmup(args: argparse.Namespace) -> int:
-    from ..backends import resolve_backend_name
-    from ..kernels.jit_cache import kernel_cache_dir
     from ..warmup import warmup as run
 
-    name = resolve_backend_name(args.backend)
-    print(f"edgekv: compiling the {name} backend's kernels for this CPU into {kernel_cache_dir()} ...",
-          file=sys.stderr, flush=True)
-    ran, seconds = run(name, args.jobs, args.force)
+    def announce(name: str, folder) -> None:
+        print(f"edgekv: compiling the {name} backend's kernels for this CPU into {folder} ...",
+              file=sys.stderr, flush=True)
+
+    ran, seconds = run(args.backend, args.jobs, args.force, on_start=announce)
     print(f"edgekv: kernels compiled in {seconds:.1f} s" if ran else "edgekv: kernels already compiled",
           file=sys.stderr)
     return 0
