@@ -103,7 +103,6 @@ class KVCache:
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
         self.backend = get_backend(backend)
-        self.n_batch = n_batch
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
@@ -189,13 +188,6 @@ class KVCache:
     def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
         self.backend.store_kv(self.k[layer], self.kind_k.quant.ggml_type, slots, k, _limit(self.kind_k))
 
-    def _rows_f32(self, arr: np.ndarray, kind, hd: int, slots) -> np.ndarray:
-        rows = np.ascontiguousarray(arr[:, slots])
-        n_kv, n = rows.shape[0], rows.shape[1]
-        out = np.empty((n_kv * n, hd), np.float32)
-        self.backend.load_kv(rows.reshape(n_kv * n, -1), kind.quant.ggml_type, out)
-        return out.reshape(n_kv, n, hd)
-
     def commit(self, res: Reservation) -> None:
         """Make the reserved slots part of the cache once every layer has written them."""
         self.n_tokens += res.positions.size
@@ -248,7 +240,7 @@ class KVCache:
         self.n_tokens -= n_discard
 
     def _shift_rows(self, layer: int, slots: np.ndarray, delta: int, shift_keys) -> None:
-        k = self._rows_f32(self.k[layer], self.kind_k, self.head_dim_k, slots)  # [n_kv, m, hd]
+        k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)  # [n_kv, m, hd]
         k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
         rotate(k, self.rot_k)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
         shift_keys(layer, k, delta)

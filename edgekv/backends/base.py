@@ -120,8 +120,9 @@ class Backend(ABC):
         (u8[n_kv, cap, row_bytes]), values clamped to [-limit, limit] first."""
 
     @abstractmethod
-    def load_kv(self, rows: np.ndarray, ggml_type: int, out: np.ndarray) -> None:
-        """Dequantize rows u8[m, row_bytes] of ggml_type into out f32[m, hd]."""
+    def load_kv(self, rows: np.ndarray, ggml_type: int, hd: int, slots: slice | np.ndarray) -> np.ndarray:
+        """The slots `slots` (a slice or indices) of a layer's K or V rows u8[n_kv, cap,
+        row_bytes] of ggml_type, dequantized: a new f32[n_kv, len(slots), hd]."""
 
     @abstractmethod
     def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: np.ndarray, k: np.ndarray,

@@ -19,7 +19,7 @@ from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
 from ..kernels.ggml_math import GELU_F16_TABLE
-from ..kernels.matvec import QuantMatrix, quantize_chunk
+from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
 from ..kernels.ops import (add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
                            softcap_inplace)
 from ..kernels.quantize import store_rows
@@ -32,7 +32,6 @@ class CPUBackend(Backend):
         self.name = name
         self.use_vnni = use_vnni and kernel_map.vnni_available()
         self.n_workers = max_threads()
-        self._row_scratch = np.zeros(1024, np.float32)  # store_kv's clamped row (grown to head_dim)
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -95,13 +94,17 @@ class CPUBackend(Backend):
     # -- the KV cache -------------------------------------------------------------------------
 
     def store_kv(self, dst, ggml_type, slots, src, limit) -> None:
-        hd = src.shape[2]
-        if self._row_scratch.size < hd:
-            self._row_scratch = np.zeros(hd, np.float32)
-        store_rows(src, ggml_type, slots, dst, np.float32(limit), self._row_scratch[:hd])
+        # one backend serves every session and thread: the clamped row is per thread
+        store_rows(src, ggml_type, slots, dst, np.float32(limit), thread_scratch("kv_row", src.shape[2]))
 
-    def load_kv(self, rows, ggml_type, out) -> None:
-        dequant_rows(rows, ggml_type, out)
+    def load_kv(self, rows, ggml_type, hd, slots) -> np.ndarray:
+        if ggml_type == T.F16:  # a table lookup
+            return F16_TO_F32[rows[:, slots].view(np.uint16)]
+        part = np.ascontiguousarray(rows[:, slots])
+        n_kv, m = part.shape[0], part.shape[1]
+        out = np.empty((n_kv * m, hd), np.float32)
+        dequant_rows(part.reshape(n_kv * m, -1), ggml_type, out)
+        return out.reshape(n_kv, m, hd)
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         n = q.shape[0]
@@ -112,8 +115,9 @@ class CPUBackend(Backend):
         self.store_kv(layer.v, layer.type_v, slots, v, layer.limit_v)
         f16 = layer.type_k == layer.type_v == T.F16  # the path that follows llama.cpp's f16 arithmetic
         if kernel_map.batched(n):
-            kf, vf = self._rows_f32(layer.k, layer.type_k, q.shape[2], layer.n_slots), \
-                self._rows_f32(layer.v, layer.type_v, out.shape[2], layer.n_slots)
+            visible = slice(0, layer.n_slots)
+            kf = self.load_kv(layer.k, layer.type_k, q.shape[2], visible)
+            vf = self.load_kv(layer.v, layer.type_v, out.shape[2], visible)
             attention_chunk_blas(q, positions, kf, vf, layer.slot_pos, layer.n_slots, layer.window, scale, out, f16)
         else:
             scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
@@ -124,16 +128,6 @@ class CPUBackend(Backend):
                 attention_rows(q, positions, layer.k, layer.v, layer.type_k, layer.type_v, layer.slot_pos,
                                layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out)
         rotate(out, layer.rot_v)
-
-    def _rows_f32(self, rows: np.ndarray, ggml_type: int, hd: int, n_slots: int) -> np.ndarray:
-        """f32[n_kv, n_slots, hd]: the first n_slots slots of a layer's K or V rows."""
-        if ggml_type == T.F16:  # a table lookup
-            return F16_TO_F32[rows[:, :n_slots].view(np.uint16)]
-        part = np.ascontiguousarray(rows[:, :n_slots])
-        n_kv = part.shape[0]
-        out = np.empty((n_kv * n_slots, hd), np.float32)
-        dequant_rows(part.reshape(n_kv * n_slots, -1), ggml_type, out)
-        return out.reshape(n_kv, n_slots, hd)
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name,

@@ -153,8 +153,9 @@ def unpack_rows(kind, qs, qh, sc, d, w, ids, out):
 _scratch = threading.local()
 
 
-def _scratch_f32(name: str, n: int, dtype=np.float32) -> np.ndarray:
-    """A buffer of n values, reused by every matmul of this thread (grown when needed)."""
+def thread_scratch(name: str, n: int, dtype=np.float32) -> np.ndarray:
+    """A buffer of n values named `name`, reused by every call of this thread (grown when
+    needed): scratch for kernels that objects shared between threads call."""
     buf = getattr(_scratch, name, None)
     if buf is None or buf.size < n or buf.dtype != dtype:
         buf = np.empty(max(n, 1), dtype)
@@ -172,9 +173,9 @@ def quantize_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A chunk's activations x: f32[n_tok, n_cols] as q8 blocks (xq, xd, xsum), in this
     thread's scratch (valid until the next call), for QuantMatrix.matmul_batch(acts=...)."""
     n_tok, nb_ = x.shape[0], x.shape[1] // 32
-    xq = _scratch_f32("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
-    xd = _scratch_f32("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
-    xsum = _scratch_f32("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
+    xq = thread_scratch("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
+    xd = thread_scratch("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
+    xsum = thread_scratch("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
     quantize_acts(x, xq, xd, xsum)
     return xq, xd, xsum
 
@@ -270,12 +271,12 @@ class QuantMatrix:
             if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
                 gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, out)
                 return
-            pad = _scratch_f32("gemm", n_tok * p.n_groups * R).reshape(n_tok, p.n_groups * R)
+            pad = thread_scratch("gemm", n_tok * p.n_groups * R).reshape(n_tok, p.n_groups * R)
             gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, pad)
             out[:] = pad[:, :self.n_rows]
             return
         per_tile = self._tile_cols // R
-        tile = _scratch_f32("tile", self.n_cols * self._tile_cols).reshape(self.n_cols, self._tile_cols)
+        tile = thread_scratch("tile", self.n_cols * self._tile_cols).reshape(self.n_cols, self._tile_cols)
         for g0 in range(0, p.n_groups, per_tile):
             g1 = min(p.n_groups, g0 + per_tile)
             r0, r1 = g0 * R, min(self.n_rows, g1 * R)
@@ -283,7 +284,7 @@ class QuantMatrix:
             if r1 - r0 == self.n_rows:  # one tile holds the whole weight
                 np.dot(x, tile[:, :r1], out=out)
             else:
-                prod = _scratch_f32("prod", n_tok * (r1 - r0)).reshape(n_tok, r1 - r0)
+                prod = thread_scratch("prod", n_tok * (r1 - r0)).reshape(n_tok, r1 - r0)
                 np.dot(x, tile[:, :r1 - r0], out=prod)
                 out[:, r0:r1] = prod
 
