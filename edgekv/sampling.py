@@ -188,6 +188,20 @@ class Sampler:
         return self._buf
 
 
+def with_banned(logit_bias: Mapping[int, float] | None, ids) -> dict[int, float]:
+    """logit_bias plus -inf for every id in ids: they can never be sampled (llama.cpp's
+    --ignore-eos bans the end-of-generation tokens this way)."""
+    return {**(logit_bias or {}), **{int(t): -np.inf for t in ids}}
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """f32[n_vocab] -> f64[n_vocab] log-probabilities."""
+    z = logits.astype(np.float64)
+    z -= np.max(z)
+    z -= np.log(np.sum(np.exp(z)))
+    return z
+
+
 def sampler_for(*, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, logit_bias: Mapping[int, float] | None = None,

@@ -36,7 +36,7 @@ def model(request, tiny_model):
 def test_steps_follow_the_greedy_loop(model):
     no_end = {t: -1e9 for t in model.tokenizer.eog_ids}
     steps = list(stream_generate(model, model.session(n_ctx=64), PROMPT, max_tokens=10, temperature=0.0,
-                                 logit_bias=no_end))
+                                 logit_bias=no_end, logprobs=True))
     ids, logprobs = hand_written(model, PROMPT, 10, no_end)
     assert all(isinstance(step, GenerationStep) for step in steps)
     assert [step.token for step in steps] == ids
@@ -62,7 +62,7 @@ def test_an_end_token_stops_and_ignore_eos_goes_on(model):
 def test_a_session_continues_and_reuses_its_prefix(model):
     s = model.session(n_ctx=64)
     first = list(stream_generate(model, s, PROMPT, max_tokens=4, temperature=0.0))
-    assert first[0].prompt_tokens == len(PROMPT)
+    assert first[0].prompt_tokens == len(PROMPT) and first[0].logprob is None  # log-probs only on request
     longer = PROMPT + [f.token for f in first] + [11, 12]
     second = list(stream_generate(model, s, longer, max_tokens=2, temperature=0.0))
     assert second[0].prompt_tokens == 3  # the last 3 ids: 2 new + the unevaluated last answer token

@@ -30,7 +30,7 @@ from ..context import KVPlan
 from ..errors import ContextFullError, EdgeKVError
 from ..generate import generate_step
 from ..loader import load
-from ..sampling import LogitsProcessor, Sampler, sampler_for
+from ..sampling import LogitsProcessor, Sampler, sampler_for, with_banned
 from ..session import Session
 from ..text.chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
 from .compat import SAMPLER_OPTIONS, check_compat, check_options, log_to_stderr, set_threads
@@ -255,7 +255,7 @@ class Llama(StateMixin):
         finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
         sampling = dict(sampling)
         if ignore_eos:
-            sampling["logit_bias"] = {**(sampling.get("logit_bias") or {}), **{t: -np.inf for t in is_end}}
+            sampling["logit_bias"] = with_banned(sampling.get("logit_bias"), is_end)
             is_end = set()
         criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
         sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed)

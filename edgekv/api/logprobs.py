@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import EdgeKVError
-from ..sampling import top_k_ids
+from ..sampling import log_softmax, top_k_ids
 
 # Llama.detokenize: (tokens, prev_tokens) -> bytes
 Detokenize = Callable[[Sequence[int], Sequence[int]], bytes]
@@ -41,14 +41,6 @@ class TokenLogprob:
     top: list[tuple[str, bytes, float]]  # the n most likely (text, bytes, logprob), most likely first;
     # their text is their bytes decoded on their own (a partial UTF-8 character as U+FFFD)
     start: int  # offset of `text` in the generated text
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """f32[n_vocab] -> f64[n_vocab] log-probabilities."""
-    z = logits.astype(np.float64)
-    z -= np.max(z)
-    z -= np.log(np.sum(np.exp(z)))
-    return z
 
 
 class LogprobRecorder:
