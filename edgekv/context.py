@@ -315,16 +315,23 @@ def compute_bytes(hp, plan: KVPlan) -> dict[str, int]:
     }
 
 
+def bytes_per_token_by_type(hp) -> dict[str, int]:
+    """{cache type: bytes one token takes in K and V over all layers} with K = V = that
+    type, for the types whose blocks the model's head sizes allow."""
+    per_type = {}
+    for name, kind in KV_CACHE_TYPES.items():
+        if hp.head_dim % kind.quant.block_size == 0 and hp.head_dim_v % kind.quant.block_size == 0:
+            row = kind.row_nbytes(hp.head_dim) + kind.row_nbytes(hp.head_dim_v)
+            per_type[name] = hp.n_layers * hp.n_kv_heads * row
+    return per_type
+
+
 def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
     """Everything `edgekv mem` prints, as numbers (bytes)."""
     kinds = plan.kinds()
     weights = weight_bytes(gguf_file)
     compute = compute_bytes(hp, plan)
-    per_type = {}
-    for name, kind in KV_CACHE_TYPES.items():  # K = V = this type, where the head size allows it
-        if hp.head_dim % kind.quant.block_size == 0 and hp.head_dim_v % kind.quant.block_size == 0:
-            row = kind.row_nbytes(hp.head_dim) + kind.row_nbytes(hp.head_dim_v)
-            per_type[name] = hp.n_layers * hp.n_kv_heads * row
+    per_type = bytes_per_token_by_type(hp)
     return {
         "model": str(gguf_file.get("general.name", os.path.basename(gguf_file.path))),
         "arch": hp.arch, "n_layers": hp.n_layers, "n_kv_heads": hp.n_kv_heads,

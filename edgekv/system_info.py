@@ -13,7 +13,6 @@ from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 
 from .backends import Backend, available_backends, kernel_map
-from .errors import EdgeKVError
 from .kernels.config import get_num_threads
 from .kernels.intrinsics import host_cpu_name, host_has
 from .kernels.jit_cache import kernel_cache_dir
@@ -80,7 +79,8 @@ def model_info(model) -> dict[str, str]:
     what one token costs in the KV cache per cache type."""
     from gguf import GGMLQuantizationType as T
 
-    from .cache import CACHE_TYPES, cache_type_for
+    from .cache import CACHE_TYPES
+    from .context import bytes_per_token_by_type
 
     hp, vnni = model.hp, getattr(model.backend, "use_vnni", False)
     counts = Counter(t.ggml_type for t in model.gguf.tensors.values() if len(t.shape) == 2)
@@ -89,14 +89,11 @@ def model_info(model) -> dict[str, str]:
         exact, batch = kernel_map.weight_kernels(ggml_type, vnni)
         out[f"weights {T(ggml_type).name}"] = f"{n} matrices: n < {kernel_map.BATCH_MIN_TOKENS} tokens {exact}; " \
                                              f"longer chunks {batch}"
+    per_token = bytes_per_token_by_type(hp)  # what `edgekv mem` reports
     for name in CACHE_TYPES:
-        try:
-            k = cache_type_for("cache_type_k", name, hp.head_dim).row_nbytes(hp.head_dim)
-            v = cache_type_for("cache_type_v", name, hp.head_dim_v).row_nbytes(hp.head_dim_v)
-        except EdgeKVError as exc:  # a block size the head size does not divide
-            out[f"cache {name}"] = f"not for this model ({exc})"
+        if name not in per_token:
+            out[f"cache {name}"] = f"not for this model (its blocks do not divide the head size {hp.head_dim})"
             continue
-        per_token = hp.n_layers * hp.n_kv_heads * (k + v)
         exact, batch = kernel_map.attention_kernels(name, name)
-        out[f"cache {name}"] = f"{per_token} bytes/token (K and V, all layers); attention {exact}, {batch}"
+        out[f"cache {name}"] = f"{per_token[name]} bytes/token (K and V, all layers); attention {exact}, {batch}"
     return out

@@ -34,8 +34,10 @@ every CPU backend and bit-exact.
 Planned columns: aarch64 `sdot` kernels for the 32-value block types (the same bits as
 portable on the exact path), and a `cuda` backend (its own table: NVRTC-compiled kernels,
 not bit-exact with the CPU). A CPU or backend lacking a kernel falls back to the portable
-one for that weight type, and `edgekv info -m MODEL` shows which one serves each type. What does not live here: the kernels (kernels/), the
-interface (backends/base.py), the backend objects (backends/cpu.py).
+one for that weight type, and `edgekv info -m MODEL` shows which one serves each type.
+
+What does not live here: the kernels (kernels/), the interface (backends/base.py), the
+backend objects (backends/cpu.py).
 """
 
 from __future__ import annotations
