@@ -23,12 +23,12 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
-from .fp16 import f16_to_f32, round_f16
+from .fp16 import all_halves, f16_to_f32, round_f16
 from .intrinsics import fma
 from .irvec import V16F, V16S, arrays, fma16, halves_to_float, lanes
 from .ggml_math import v_expf
 
-F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32 = all_halves()
 
 
 @nb.njit(**EXACT_FLAGS)

@@ -27,6 +27,16 @@ _TWO_POW_112 = np.float32(2.0**112)
 _TWO_POW_24 = np.float32(2.0**24)
 
 
+def all_halves() -> np.ndarray:
+    """Every f16 value as float32, indexed by its 16 bits (f32[65536]).
+
+    The NaN patterns convert quietly: on AArch64 the hardware conversion of a
+    signalling NaN raises the 'invalid' flag, which NumPy would print as a warning
+    on every import."""
+    with np.errstate(invalid="ignore"):
+        return np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
 @nb.njit(**EXACT_FLAGS)
 def f16_to_f32_soft(h):
     # h: uint16 bits of an IEEE half -> float32 (exact, subnormals and inf/NaN included)

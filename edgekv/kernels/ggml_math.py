@@ -16,6 +16,7 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS
+from .fp16 import all_halves
 from .intrinsics import fma
 
 _f32 = np.float32
@@ -66,7 +67,7 @@ def _gelu_f32(x16, out):
 
 def _gelu_table() -> np.ndarray:
     """f16 GELU(x) for every f16 x, as float32 (ggml_table_gelu_f16)."""
-    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    x = all_halves()
     gelu = np.empty_like(x)
     with np.errstate(all="ignore"):
         _gelu_f32(x, gelu)
