@@ -32,6 +32,7 @@ from typing import Any
 
 from .cache import cache_type_for
 from .errors import EdgeKVError, UnsupportedModelError
+from .memory import free_memory
 from .quants import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
@@ -214,19 +215,10 @@ def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits:
 # ---- memory budget -------------------------------------------------------------------------
 
 def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation: MemAvailable of /proc/meminfo, else
-    free physical pages from sysconf; None when neither can be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Bytes of memory available to a new allocation (memory.free_memory: the smallest of
+    MemAvailable and the cgroup limits' headroom); None when none can be read."""
+    free = free_memory()
+    return None if free is None else free.bytes
 
 
 def default_mem_budget(weight_bytes: int) -> int | None:

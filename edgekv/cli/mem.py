@@ -13,6 +13,7 @@ from .. import context
 from ..catalog import resolve_model
 from ..errors import EdgeKVError
 from ..gguf import GGUFFile
+from ..memory import free_memory
 from .common import ctx_size, non_negative_int, positive_int
 
 
@@ -34,7 +35,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="keep only a window in some layers: LAYERS:WINDOW[,...], e.g. 0-9:512,12:256")
     p.add_argument("--mem-budget", metavar="BYTES", default=None,
                    help="memory for the KV cache, e.g. 512M or 2G (default: half the available memory minus "
-                        "the weights)")
+                        "the weights; available = the smallest of MemAvailable and the cgroup limit's headroom)")
     p.set_defaults(handler=mem)
 
 
@@ -48,10 +49,15 @@ def mem(args: argparse.Namespace) -> int:
         budget = context.parse_size(args.mem_budget)
         if budget < 1:
             raise EdgeKVError(f"--mem-budget {args.mem_budget!r} is zero; give a positive size such as 512M")
+        source = "--mem-budget"
     else:
+        free = free_memory()
         budget = context.default_mem_budget(context.weight_bytes(g))
+        source = ("no budget: the free memory cannot be read here" if free is None else
+                  f"half of {free} minus the weights")
     plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
                                 args.cache_type_v, mem_budget=budget, layer_windows=windows,
                                 n_batch=args.batch_size)
     print(context.format_memory_report(context.memory_report(g, hp, plan)))
+    print(f"budget from:     {source}")
     return 0
