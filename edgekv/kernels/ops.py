@@ -17,6 +17,7 @@ import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS
 from .fp16 import f32_to_f16
+from .intrinsics import fma
 from .ggml_math import v_silu
 
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama GGUFs (Q/K permuted at conversion)
@@ -70,7 +71,7 @@ def rope_tables(positions, n_rot, freq_base, freq_scale, freq_factors, cos_out, 
             theta = np.float32(theta * theta_scale)
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)
 def rope_apply(x, cos_t, sin_t, mode):
     # x: f32[n, n_heads, head_dim] rotated in place on its first n_rot = 2*cos_t.shape[1] dims
     n, n_heads, _ = x.shape
@@ -86,8 +87,11 @@ def rope_apply(x, cos_t, sin_t, mode):
                 x1 = x[t, h, b]
                 c = cos_t[t, i]
                 s = sin_t[t, i]
-                x[t, h, a] = x0 * c - x1 * s
-                x[t, h, b] = x0 * s + x1 * c
+                # the FMAs GCC contracts ggml's `x0*cos - x1*sin`, `x0*sin + x1*cos` into
+                # (the first product fused, the second rounded), written out so that no
+                # compiler picks another contraction: LLVM's AArch64 backend did
+                x[t, h, a] = fma(x0, c, -np.float32(x1 * s))
+                x[t, h, b] = fma(x0, s, np.float32(x1 * c))
 
 
 @nb.njit(**JIT_FLAGS)
