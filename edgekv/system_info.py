@@ -14,10 +14,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .backends import Backend, available_backends, kernel_map
 from .kernels.config import get_num_threads
-from .kernels.intrinsics import host_cpu_name, host_has
+from .kernels.cpu_features import IS_AARCH64, host_cpu_name, host_has
 from .kernels.jit_cache import kernel_cache_dir
 
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vnni", "avx512bw")  # LLVM's names (x86)
+ARM_FEATURES = ("dotprod",)  # LLVM's names of the optional AArch64 features the kernels use
 
 
 def edgekv_version() -> str:
@@ -27,22 +28,40 @@ def edgekv_version() -> str:
         return "unknown (not installed)"
 
 
-def cpu_info() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
+# Arm's part numbers (/proc/cpuinfo "CPU part" where "CPU implementer" is 0x41) of the
+# cores edgekv meets on edge boards and Arm servers
+ARM_PARTS = {0xd03: "Cortex-A53", 0xd05: "Cortex-A55", 0xd08: "Cortex-A72", 0xd0b: "Cortex-A76",
+             0xd0c: "Neoverse-N1", 0xd40: "Neoverse-V1", 0xd41: "Cortex-A78", 0xd42: "Cortex-A78AE",
+             0xd44: "Cortex-X1", 0xd49: "Neoverse-N2", 0xd4b: "Cortex-A78C", 0xd4f: "Neoverse-V2"}
+
+
+def cpu_info(path: str = "/proc/cpuinfo", aarch64: bool = IS_AARCH64) -> str:
+    """The CPU's model from /proc/cpuinfo (Linux: "model name", or Arm's implementer and
+    part numbers), else the platform's processor string."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if aarch64:
+        if "CPU part" not in fields:  # QEMU's user-mode emulation shows the host's /proc/cpuinfo
+            return "an Arm CPU that /proc/cpuinfo does not describe (emulated?)"
+        try:
+            implementer, part = int(fields.get("CPU implementer", "0"), 16), int(fields["CPU part"], 16)
+        except ValueError:
+            return fields.get("model name") or platform.machine()
+        name = ARM_PARTS.get(part) if implementer == 0x41 else None
+        return name or f"Arm CPU implementer {implementer:#x} part {part:#x}"
+    return fields.get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_features() -> list[str]:
     """The features this CPU has that the kernels care about."""
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        return ["neon", "fma", "fp16"]  # base ARMv8.2 for the kernels' needs
+    if IS_AARCH64:  # NEON, FMA and half conversions are base ARMv8
+        return ["neon", "fma", "fp16"] + [f for f in ARM_FEATURES if host_has(f)]
     return [f for f in FEATURES if host_has(f)]
 
 
@@ -82,11 +101,11 @@ def model_info(model) -> dict[str, str]:
     from .cache import CACHE_TYPES
     from .context import bytes_per_token_by_type
 
-    hp, vnni = model.hp, getattr(model.backend, "use_vnni", False)
+    hp, int8dot = model.hp, getattr(model.backend, "use_int8dot", False)
     counts = Counter(t.ggml_type for t in model.gguf.tensors.values() if len(t.shape) == 2)
     out = {"model": f"{model.name} ({hp.arch}, {hp.n_layers} layers, {model.path})"}
     for ggml_type, n in sorted(counts.items()):
-        exact, batch = kernel_map.weight_kernels(ggml_type, vnni)
+        exact, batch = kernel_map.weight_kernels(ggml_type, int8dot)
         out[f"weights {T(ggml_type).name}"] = f"{n} matrices: n < {kernel_map.BATCH_MIN_TOKENS} tokens {exact}; " \
                                              f"longer chunks {batch}"
     per_token = bytes_per_token_by_type(hp)  # what `edgekv mem` reports

@@ -59,8 +59,8 @@ def test_models_call_only_their_backend():
 def test_cpu_and_portable_give_the_same_bits_on_the_exact_path(tiny_model, weight_type):
     path = tiny_model("llama", weight_type, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512)
     fast, portable = load(path, "cpu"), load(path, "cpu-portable")
-    assert {w.uses_vnni for w in (fast.network.layers[0].wq, portable.network.layers[0].wq)} == \
-        ({kernel_map.takes_vnni(fast.network.layers[0].wq.ggml_type, True), False})
+    assert {w.uses_int8dot for w in (fast.network.layers[0].wq, portable.network.layers[0].wq)} == \
+        ({kernel_map.takes_int8dot(fast.network.layers[0].wq.ggml_type, True), False})
     runs = []
     for model in (fast, portable):
         s = model.session(n_ctx=64)

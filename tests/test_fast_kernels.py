@@ -1,6 +1,6 @@
 """The machine-specific fast paths against the portable kernels they replace.
 
-The LLVM-IR kernels (kernels/vnni.py, the f16 dot in attention.py, the in-place
+The LLVM-IR kernels (kernels/dot_ir.py on AVX512-VNNI or Arm sdot, the f16 dot in attention.py, the in-place
 Q8_0/Q4_0 cache rows in attention_q.py) and the intrinsics (kernels/intrinsics.py) exist
 for speed only; the exact ones must give the same bits as the portable Numba code (which
 test_reference_models holds to llama.cpp), the quantized-cache ones the same values up to
@@ -21,7 +21,7 @@ from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV
 from edgekv.kernels.intrinsics import fma
 from edgekv.kernels.matvec import QuantMatrix
 from edgekv.kernels.quantize import quantize_rows
-from edgekv.kernels.vnni import HAS_VNNI, VNNI_TYPES
+from edgekv.kernels.int8dot import CHUNK, HAS_INT8DOT, ISA, TYPES as INT8DOT_TYPES
 
 import numba as nb
 
@@ -30,25 +30,27 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
 
 
-@pytest.mark.skipif(not HAS_VNNI, reason="the CPU has no AVX512-VNNI")
-@pytest.mark.parametrize("ggml_type", VNNI_TYPES, ids=lambda t: T(t).name)
-def test_vnni_matvec_has_the_portable_kernels_bits(ggml_type):
+@pytest.mark.skipif(not HAS_INT8DOT, reason="the CPU has no int8 dot product (AVX512-VNNI, Arm sdot)")
+@pytest.mark.parametrize("shape", [(200, 1024), (37, 96), (8, 32)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", INT8DOT_TYPES, ids=lambda t: T(t).name)
+def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
+    # 200 and 37 rows: a padded last group in both layouts; 8 x 32: one block, one group
     rng = np.random.default_rng(ggml_type)
-    n_rows, n_cols = 200, 1024  # 200: a padded last group in both layouts
+    n_rows, n_cols = shape
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
-    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=False)
-    assert fast.lanes == 16 and portable.lanes == 64
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+    assert fast.uses_int8dot and fast.lanes == CHUNK == ISA.width and portable.lanes == 64
     for scale in (1.0, 1e-3, 50.0):
         x = (rng.standard_normal(n_cols) * scale).astype(np.float32)
-        x[64:96] = 0  # a zero activation block
+        x[n_cols - 32:] = 0  # a zero activation block
         a, b = np.zeros(n_rows, np.float32), np.zeros(n_rows, np.float32)
         fast.matvec(x, a)
         portable.matvec(x, b)
         assert same_bits(a, b)
     rows = np.zeros((3, n_cols), np.float32), np.zeros((3, n_cols), np.float32)
-    fast.rows(np.array([0, 17, 199]), rows[0])
-    portable.rows(np.array([0, 17, 199]), rows[1])
+    fast.rows(np.array([0, 5, n_rows - 1]), rows[0])
+    portable.rows(np.array([0, 5, n_rows - 1]), rows[1])
     assert same_bits(*rows)
 
 
@@ -60,7 +62,7 @@ def test_lane_count_does_not_change_a_bit(ggml_type):
     x = rng.standard_normal(512).astype(np.float32)
     outs = []
     for lanes in (16, 64):
-        m = QuantMatrix(raw, ggml_type, 100, 512, lanes=lanes, use_vnni=False)
+        m = QuantMatrix(raw, ggml_type, 100, 512, lanes=lanes, use_int8dot=False)
         for order in (ORDER_GEMV, ORDER_GEMM):
             out = np.zeros(100, np.float32)
             m.matvec(x, out, order)

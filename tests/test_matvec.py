@@ -25,6 +25,7 @@ from edgekv.kernels import activations as act
 from edgekv.kernels import matvec as mv
 from edgekv.backends.kernel_map import BATCH_MIN_TOKENS
 from edgekv.kernels import repack as rp
+from edgekv.kernels.int8dot import TYPES as INT8DOT_TYPES
 from edgekv.kernels.matvec import QuantMatrix
 
 F32_SUM = 2.0**-24  # per accumulated term: |error| <= n * F32_SUM * sum |w x| (float32 sums of n terms)
@@ -142,14 +143,14 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
     n_rows, n_cols = 300, 512
     raw, W, m = make_weight(ggml_type, n_rows, n_cols, seed=7 + ggml_type)
     rng = np.random.default_rng(3)
-    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=False)  # the BLAS path on every CPU
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)  # the BLAS path on every CPU
     for mat in (m, portable):
         for n_tok, matmul in ((2, mat.matmul_exact), (BATCH_MIN_TOKENS + 1, mat.matmul_batch)):
             x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
             out = np.full((n_tok, n_rows), np.nan, np.float32)
             matmul(x, out)
             ref = x.astype(np.float64) @ W.T
-            if matmul == mat.matmul_exact or mat.uses_vnni:  # q8 activations: their rounding bound
+            if matmul == mat.matmul_exact or mat.uses_int8dot:  # q8 activations: their rounding bound
                 bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type))
                                   for t in range(n_tok)])
             else:  # dequantized tiles + BLAS: float32 accumulation only
@@ -163,7 +164,7 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
 
 def test_matmul_writes_into_strided_batches_of_a_scratch():
     raw, W, _ = make_weight(int(T.Q4_0), 128, 256, seed=1)
-    m = QuantMatrix(raw, int(T.Q4_0), 128, 256, use_vnni=False)  # the BLAS path
+    m = QuantMatrix(raw, int(T.Q4_0), 128, 256, use_int8dot=False)  # the BLAS path
     n = BATCH_MIN_TOKENS + 4
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 128), np.float32)
@@ -174,10 +175,11 @@ def test_matmul_writes_into_strided_batches_of_a_scratch():
     assert not scratch_out[n:].any()
 
 
-def test_vnni_matmul_writes_only_its_rows_and_agrees_with_matvec():
-    raw, _, m = make_weight(int(T.Q4_0), 130, 256, seed=2)
-    if not m.uses_vnni:
-        pytest.skip("the CPU has no AVX512-VNNI")
+@pytest.mark.parametrize("ggml_type", INT8DOT_TYPES, ids=lambda t: T(t).name)
+def test_int8dot_matmul_writes_only_its_rows_and_agrees_with_matvec(ggml_type):
+    raw, _, m = make_weight(ggml_type, 130, 256, seed=2)
+    if not m.uses_int8dot:
+        pytest.skip("the CPU has no int8 dot product (AVX512-VNNI, Arm sdot)")
     n = BATCH_MIN_TOKENS + 3
     scratch_x = np.random.default_rng(0).standard_normal((n + 4, 256)).astype(np.float32)
     scratch_out = np.zeros((n + 4, 130), np.float32)

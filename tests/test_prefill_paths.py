@@ -1,13 +1,13 @@
 """The long-chunk prefill paths inside a whole model, against the float64 NumPy reference.
 
 Chunks of kernel_map.BATCH_MIN_TOKENS (64) tokens or more leave the bit-exact per-token path:
-weights go through the integer GEMM (gemm_vnni.py, 32-value block types on AVX512-VNNI
+weights go through the integer GEMM (dot_ir.py, 32-value block types on AVX512-VNNI or sdot
 CPUs) or dequantized tiles + BLAS (every other type, and every type on the portable
 kernels), and attention goes through `attention_chunk_blas` over the cache's rows
 (`cache.dequantized` for a quantized cache). The real-model perplexity runs reach these
 paths too, but only these tests pin them to an independent reference on every
 combination: both architectures, Q8_0 / Q4_0 / Q4_K weights, f16 / q8_0 / q4_0 caches,
-chunks of 64, 65 and 200 tokens, on the AVX512-VNNI kernels where the CPU has them and
+chunks of 64, 65 and 200 tokens, on the int8 dot-product kernels where the CPU has them and
 always on the portable ones (what an aarch64 machine runs).
 """
 
@@ -32,12 +32,12 @@ DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512, n_ctx=1024)
 # with about 2x margin; a wrong sign or scale anywhere in a path gives errors of order 1.
 TOL = {
     "portable": {"f16": 0.002, "q8_0": 0.008, "q4_0": 0.07},  # measured 5.3e-4, 3.5e-3, 0.031
-    "vnni": {"f16": 0.04, "q8_0": 0.04, "q4_0": 0.12},  # measured 0.021, 0.018, 0.060
+    "int8dot": {"f16": 0.04, "q8_0": 0.04, "q4_0": 0.12},  # measured 0.021, 0.018, 0.060
 }
 
-# the `cpu` backend takes the VNNI kernels where the CPU has them; `cpu-portable` never does
-KERNEL_PATHS = ["vnni", "portable"] if kernel_map.vnni_available() else ["portable"]
-BACKEND = {"vnni": "cpu", "portable": "cpu-portable"}
+# the `cpu` backend takes the int8 dot kernels (VNNI, sdot) where the CPU has them; `cpu-portable` never does
+KERNEL_PATHS = ["int8dot", "portable"] if kernel_map.int8dot_available() else ["portable"]
+BACKEND = {"int8dot": "cpu", "portable": "cpu-portable"}
 
 
 @pytest.fixture(params=KERNEL_PATHS)
@@ -65,8 +65,8 @@ def _rel_err(a, b) -> float:
 def test_long_chunks_match_reference(tiny_model, kernel_path, arch, weight_type, cache):
     path = tiny_model(arch, weight_type, **DIMS)
     model = load(path, BACKEND[kernel_path])
-    integer_gemm = kernel_path == "vnni" and weight_type != "Q4_K"
-    assert {layer.wq.uses_vnni for layer in model.network.layers} == {integer_gemm}
+    integer_gemm = kernel_path == "int8dot" and weight_type != "Q4_K"
+    assert {layer.wq.uses_int8dot for layer in model.network.layers} == {integer_gemm}
     tokens = [int(t) for t in np.random.default_rng(11).integers(0, model.hp.n_vocab, sum(CHUNKS))]
     s = model.session(n_ctx=512, n_batch=max(CHUNKS), cache_type_k=cache, cache_type_v=cache)
     ours, at = [], 0

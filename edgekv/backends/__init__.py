@@ -1,8 +1,8 @@
 """Where the arithmetic runs: choosing a backend.
 
-Backends: `cpu` (Numba; the AVX512-VNNI LLVM-IR kernels where the CPU has them, the
-portable kernels elsewhere) and `cpu-portable` (always the portable kernels: what an
-aarch64 CPU runs, and a way to check them on any machine). A `cuda` backend is planned.
+Backends: `cpu` (Numba; the int8 dot-product LLVM-IR kernels where the CPU has them,
+AVX512-VNNI on x86 and sdot on Arm, the portable kernels elsewhere) and `cpu-portable`
+(always the portable kernels: a way to check them on any machine). A `cuda` backend is planned.
 Chosen by `backend=` (Llama, edgekv.load), `--backend` on the CLI, or EDGEKV_BACKEND;
 `auto` (the default) takes the best that runs here. A backend that was asked for and
 cannot run is an error naming the ones that can, never a silent fallback.
@@ -57,7 +57,7 @@ def get_backend(name: str | Backend | None = None) -> Backend:
     if resolved not in _made:
         from .cpu import CPUBackend
 
-        _made[resolved] = CPUBackend(resolved, use_vnni=resolved == "cpu")
+        _made[resolved] = CPUBackend(resolved, use_int8dot=resolved == "cpu")
     return _made[resolved]
 
 

@@ -1,8 +1,9 @@
-"""The CPU backends: `cpu` (AVX512-VNNI kernels where the CPU has them) and `cpu-portable`.
+"""The CPU backends: `cpu` (int8 dot-product kernels where the CPU has them: AVX512-VNNI
+on x86, sdot on Arm) and `cpu-portable`.
 
 What lives here: `CPUBackend`, which runs each operation of backends/base.py on the Numba
 kernels in kernels/, choosing them as backends/kernel_map.py says. The two backends
-differ only in whether weights of the 32-value block types take the VNNI kernels; they
+differ only in whether weights of the 32-value block types take the int8 dot kernels; they
 give the same bits on the exact path. What does not: the kernels, the choice of backend
 (backends/__init__.py).
 """
@@ -28,16 +29,16 @@ from .base import Backend, LayerView
 
 
 class CPUBackend(Backend):
-    def __init__(self, name: str, use_vnni: bool):
+    def __init__(self, name: str, use_int8dot: bool):
         self.name = name
-        self.use_vnni = use_vnni and kernel_map.vnni_available()
+        self.use_int8dot = use_int8dot and kernel_map.int8dot_available()
         self.n_workers = max_threads()
 
     # -- weights ----------------------------------------------------------------------------
 
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
                release: Callable[[np.ndarray], None] | None = None) -> QuantMatrix:
-        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_vnni=kernel_map.takes_vnni(ggml_type, self.use_vnni),
+        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=kernel_map.takes_int8dot(ggml_type, self.use_int8dot),
                            release=release)
 
     def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
@@ -54,7 +55,7 @@ class CPUBackend(Backend):
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         # on the integer GEMM a chunk's activations are quantized once for all the weights
-        if kernel_map.batched(x.shape[0]) and all(w.uses_vnni and w.n_cols == x.shape[1] for w in ws):
+        if kernel_map.batched(x.shape[0]) and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws):
             acts = quantize_chunk(x)
             for w, out in zip(ws, outs):
                 w.matmul_batch(x, out, acts)
@@ -131,4 +132,5 @@ class CPUBackend(Backend):
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name,
-                "weight kernels": "AVX512-VNNI (LLVM IR) + portable" if self.use_vnni else "portable (Numba)"}
+                "weight kernels": f"{kernel_map.int8dot_name()} (LLVM IR) + portable" if self.use_int8dot
+                else "portable (Numba)"}

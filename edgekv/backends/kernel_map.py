@@ -7,18 +7,23 @@ activation can flip a greedy token, tests/test_reference_models.py); longer chun
 the *batch* path, which reads each weight once for the whole chunk and differs from
 llama.cpp in the last bits (perplexity within 1%, tests/test_perplexity.py).
 
-Weights (`cpu` = AVX512-VNNI where the CPU has avx512vnni + avx512f + f16c, else the
-portable kernels; `cpu-portable` = always the portable kernels, what an aarch64 CPU runs):
+Weights (`cpu` = the int8 dot-product kernels where the CPU has them: AVX512-VNNI on x86
+with avx512vnni + avx512f + f16c, sdot on Arm with asimddp (ARMv8.2 dot product, e.g.
+Jetson Orin); else the portable kernels. `cpu-portable` = always the portable kernels):
 
-| weight type               | n < 64 (decode, short chunks)              | n >= 64, cpu with VNNI             | n >= 64, portable                 |
+| weight type               | n < 64 (decode, short chunks)              | n >= 64, cpu with int8 dot         | n >= 64, portable                 |
 |---------------------------|--------------------------------------------|------------------------------------|-----------------------------------|
-| Q8_0 Q4_0 Q4_1 Q5_0 Q5_1  | VNNI: vnni.py IR matvec; portable: dot_q.py | gemm_vnni.py IR GEMM, q8 acts      | unpack.py tiles + BLAS, f32 acts  |
+| Q8_0 Q4_0 Q4_1 Q5_0 Q5_1  | int8 dot: dot_ir.py matvec; else dot_q.py  | dot_ir.py IR GEMM, q8 acts         | unpack.py tiles + BLAS, f32 acts  |
 | Q4_K Q5_K                 | dot_k.py (q8_K acts, llama.cpp's 3 orders)  | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 | Q6_K                      | dot_k.py dot_q6_k (q8_K acts)               | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 | F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
-Bit-exact with llama.cpp's x86 build: the whole n < 64 column, on both backends (the
-VNNI and portable kernels give the same bits; tests/test_fast_kernels.py). The batch
+Bit-exact with llama.cpp's x86 build: the whole n < 64 column, on both backends and on
+every CPU (the VNNI, sdot and portable kernels give the same bits: tests/test_fast_kernels.py,
+and tests/aarch64 under emulation). On Arm edgekv keeps llama.cpp's x86 (AVX-512) float
+order, not its NEON build's (which sums 4-lane vectors in another order, and whose
+expf/softmax differ): one set of bits on every CPU, so a result checked on a desktop holds
+on a Jetson, and the reference ids in tests/reference (made on x86) test Arm too. The batch
 columns are not (q8 vs float32 activations, BLAS summation order).
 
 Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
@@ -31,8 +36,8 @@ Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
 Element-wise kernels (ops.py: RMS norm, RoPE, SiLU/GELU, residual adds) are the same on
 every CPU backend and bit-exact.
 
-Planned columns: aarch64 `sdot` kernels for the 32-value block types (the same bits as
-portable on the exact path), and a `cuda` backend (its own table: NVRTC-compiled kernels,
+Planned: sdot kernels for the K-quants (today the portable dot_k.py serves them on
+Arm, where LLVM vectorizes its int32 lanes with NEON), and a `cuda` backend (its own table: NVRTC-compiled kernels,
 not bit-exact with the CPU). A CPU or backend lacking a kernel falls back to the portable
 one for that weight type, and `edgekv info -m MODEL` shows which one serves each type.
 
@@ -44,7 +49,7 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 
-from ..kernels.vnni import HAS_VNNI, VNNI_TYPES
+from ..kernels.int8dot import HAS_INT8DOT, ISA, TYPES as INT8DOT_TYPES
 
 BATCH_MIN_TOKENS = 64  # chunks at least this long take the batch path
 
@@ -54,21 +59,26 @@ def batched(n_tokens: int) -> bool:
     return n_tokens >= BATCH_MIN_TOKENS
 
 
-def vnni_available() -> bool:
-    """Whether this CPU runs the AVX512-VNNI kernels."""
-    return HAS_VNNI
+def int8dot_available() -> bool:
+    """Whether this CPU runs the int8 dot-product kernels (AVX512-VNNI or sdot)."""
+    return HAS_INT8DOT
 
 
-def takes_vnni(ggml_type: int, vnni: bool) -> bool:
-    """Whether a weight of ggml_type runs on the VNNI kernels on a backend that uses them (vnni)."""
-    return vnni and HAS_VNNI and ggml_type in VNNI_TYPES
+def int8dot_name() -> str:
+    """This CPU's int8 dot-product instruction set ("avx512-vnni", "sdot"), or "none"."""
+    return ISA.name if ISA is not None else "none"
 
 
-def weight_kernels(ggml_type: int, vnni: bool) -> tuple[str, str]:
+def takes_int8dot(ggml_type: int, int8dot: bool) -> bool:
+    """Whether a weight of ggml_type runs on the int8 dot kernels on a backend that uses them (int8dot)."""
+    return int8dot and HAS_INT8DOT and ggml_type in INT8DOT_TYPES
+
+
+def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
     """(exact path, batch path) kernel names for a weight of ggml_type, as in the table."""
-    if takes_vnni(ggml_type, vnni):
-        return "vnni matvec (exact)", "vnni GEMM, q8 activations"
-    if ggml_type in VNNI_TYPES:
+    if takes_int8dot(ggml_type, int8dot):
+        return f"{ISA.name} matvec (exact)", f"{ISA.name} GEMM, q8 activations"
+    if ggml_type in INT8DOT_TYPES:
         exact = "dot_q lanes (exact)"
     elif ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):
         exact = "dot_k lanes (exact)"

@@ -92,3 +92,10 @@ def round_act_bf16(x, out):
     # x: f32[n] -> out: f32[n] rounded to the nearest bfloat16
     for i in range(x.size):
         out[i] = bf16_to_f32(f32_to_bf16(x[i]))
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def quantize_acts(x, xq, xd, xsum):
+    # every token's activations to q8 blocks: x f32[n, n_cols] -> xq i8[n, NB, 32], xd, xsum
+    for t in nb.prange(x.shape[0]):
+        quantize_act_q8(x[t], xq[t], xd[t], xsum[t])

@@ -39,7 +39,18 @@ WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY", "").upper()
 if not WAIT_POLICY:
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-import numba  # noqa: E402  (after the environment default above)
+# On an AArch64 CPU whose features LLVM cannot read (QEMU's user-mode emulation), tell
+# Numba what the kernel says the CPU has, before Numba is first imported (cpu_features.py).
+from .cpu_features import numba_cpu_features  # noqa: E402
+
+_FEATURES = numba_cpu_features()
+if _FEATURES and "NUMBA_CPU_FEATURES" not in os.environ:
+    os.environ["NUMBA_CPU_FEATURES"] = _FEATURES
+
+import numba  # noqa: E402  (after the environment defaults above)
+
+if _FEATURES:  # Numba may have been imported already: it reads NUMBA_* again only when asked
+    numba.core.config.reload_config()
 
 from .jit_cache import install_locator  # noqa: E402
 

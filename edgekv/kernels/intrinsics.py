@@ -18,9 +18,6 @@ What does not live here: loops over arrays.
 
 from __future__ import annotations
 
-import platform
-
-import llvmlite.binding as llvm
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -28,26 +25,9 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
+from .cpu_features import host_cpu_name, host_has  # noqa: F401  (re-exported: the kernels ask here)
 
 F32 = np.float32
-
-
-def host_has(feature: str) -> bool:
-    """Whether the CPU this process runs on has an instruction-set feature (LLVM's name)."""
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        return feature in ("fma", "f16c")  # FMA and half conversions are base ARMv8; x86 names otherwise
-    try:
-        return bool(llvm.get_host_cpu_features().get(feature, False))
-    except RuntimeError:  # features unknown: stay portable
-        return False
-
-
-def host_cpu_name() -> str:
-    """LLVM's name for this CPU (e.g. znver4, cortex-a78ae); the kernels are compiled for it."""
-    try:
-        return llvm.get_host_cpu_name() or platform.machine()
-    except RuntimeError:
-        return platform.machine()
 
 
 HAS_FMA = host_has("fma")

@@ -1,5 +1,7 @@
-"""Building blocks for the kernels written in LLVM IR (vnni.py, gemm_vnni.py, attention.py,
-attention_q.py): 16-lane vector types and the few operations every one of them needs.
+"""Building blocks for the kernels written in LLVM IR (dot_ir.py, vnni.py, sdot.py,
+attention.py, attention_q.py): vector types and the few operations every one of them needs.
+The 16-lane types fill one AVX-512 register; the helpers take vectors of any width
+(an 8-lane vector is two NEON registers).
 
 What lives here: plain functions of an llvmlite IRBuilder, used inside Numba
 `@intrinsic` code generators. What does not: any kernel.
@@ -15,11 +17,16 @@ V16I, V16F = ir.VectorType(INT32, 16), ir.VectorType(FLOAT, 16)
 V16S, V16H = ir.VectorType(INT16, 16), ir.VectorType(ir.HalfType(), 16)
 
 
+def vec(element, width):
+    """The vector type of `width` lanes of `element` (an llvmlite type)."""
+    return ir.VectorType(element, width)
+
+
 def splat(builder, value, vtype=V16F):
-    """A 16-lane vector with every lane = value."""
+    """A vector of type vtype with every lane = value."""
     undef = ir.Constant(vtype, ir.Undefined)
     one = builder.insert_element(undef, value, ir.Constant(INT32, 0))
-    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(INT32, 16), [0] * 16))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(INT32, vtype.count), [0] * vtype.count))
 
 
 def load16(builder, data, index, vtype):
@@ -29,14 +36,25 @@ def load16(builder, data, index, vtype):
 
 
 def fma16(builder, a, b, c):
-    """a * b + c per lane, rounded once."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16F, [V16F, V16F, V16F]), "llvm.fma.v16f32")
+    """a * b + c per lane, rounded once (float32 vectors of any width; 16 on AVX-512)."""
+    t = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, t]), f"llvm.fma.v{t.count}f32")
     return builder.call(fn, [a, b, c])
 
 
 def halves_to_float(builder, bits):
-    """16 IEEE halves (as i16 lanes) -> float32, exactly."""
-    return builder.fpext(builder.bitcast(bits, V16H), V16F)
+    """IEEE halves (as i16 lanes, any width) -> float32 lanes, exactly."""
+    n = bits.type.count
+    return builder.fpext(builder.bitcast(bits, vec(ir.HalfType(), n)), vec(FLOAT, n))
+
+
+def concat(builder, parts):
+    """The vectors `parts` (of one type) side by side, as one vector."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        mask = ir.Constant(ir.VectorType(INT32, 2 * n), list(range(2 * n)))
+        parts = [builder.shuffle_vector(parts[i], parts[i + 1], mask) for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def lanes(builder, vec, first, n):

@@ -14,8 +14,8 @@ How each product is computed, and why:
   One call into Numba, no allocation: scratch lives on the QuantMatrix.
 - matmul_exact (a short chunk): one matvec per token in llama.cpp's summation orders,
   bit-identical to it.
-- matmul_batch (a long chunk): the integer GEMM on q8 activations (gemm_vnni.py) where
-  the weight takes the VNNI kernels, else tiles of rows dequantized to float32
+- matmul_batch (a long chunk): the integer GEMM on q8 activations (dot_ir.py) where
+  the weight takes the int8 dot-product kernels (AVX512-VNNI or Arm sdot), else tiles of rows dequantized to float32
   (unpack.py) and multiplied by BLAS; either reads the weight once, not n times.
   Dequantizing a tile costs about as much as 4-6 matvecs. Which of the two a chunk
   takes is the backend's choice (backends/kernel_map.py).
@@ -39,8 +39,8 @@ from .dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
-from .gemm_vnni import gemm_chunks, quantize_acts
-from .vnni import CHUNK, HAS_VNNI, VNNI_TYPES, vnni_chunks
+from .activations import quantize_acts
+from .int8dot import CHUNK, HAS_INT8DOT, TYPES as INT8DOT_TYPES, gemm_chunks, matvec_chunks
 from .unpack import unpack_group
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
@@ -120,14 +120,14 @@ def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, is
 
 
 @nb.njit(**JIT_FLAGS)
-def matvec_vnni(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
-    # 32-value block types through vnni.py: same bits as matvec_lanes, 16 rows per call;
+def matvec_int8dot(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
+    # 32-value block types through the int8 dot kernels (int8dot.py): same bits as matvec_lanes;
     # out_pad: f32[G * R] when the last group has padding rows, else empty (out is written)
     act.quantize_act_q8(x, xq, xd, xsum)
     if out_pad.size == 0:
-        vnni_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out)
+        matvec_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out)
         return
-    vnni_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out_pad)
+    matvec_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out_pad)
     out[:] = out_pad[:out.shape[0]]
 
 
@@ -190,11 +190,11 @@ class QuantMatrix:
     """
 
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int | None = None,
-                 use_vnni: bool = True, release=None):
+                 use_int8dot: bool = True, release=None):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
-        vnni = HAS_VNNI and use_vnni and q.ggml_type in VNNI_TYPES
-        if lanes is None:  # the VNNI kernels read 16-row groups: each group is then one contiguous stream
-            lanes = CHUNK if vnni else LANES
+        int8dot = HAS_INT8DOT and use_int8dot and q.ggml_type in INT8DOT_TYPES
+        if lanes is None:  # the int8 dot kernels read CHUNK-row groups: each group is then one contiguous stream
+            lanes = CHUNK if int8dot else LANES
         expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
         raw = np.asarray(raw)
         if raw.dtype != np.uint8 or raw.size != expected:
@@ -215,16 +215,16 @@ class QuantMatrix:
         self._xf = np.zeros(0 if self._act_kind else self.n_cols, np.float32)
         self._acc = np.zeros((max_threads(), N_ACC, lanes), np.float32)
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
-        # the AVX512-VNNI kernels (vnni.py) where the CPU has them and the type is theirs
-        self._vnni = vnni and lanes % CHUNK == 0
-        padded = self._vnni and self.n_rows != self._p.n_groups * lanes
+        # the int8 dot-product kernels (int8dot.py) where the CPU has them and the type is theirs
+        self._int8dot = int8dot and lanes % CHUNK == 0
+        padded = self._int8dot and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
 
     @property
-    def uses_vnni(self) -> bool:
-        """Whether this weight runs on the AVX512-VNNI kernels (vnni.py, gemm_vnni.py)."""
-        return self._vnni
+    def uses_int8dot(self) -> bool:
+        """Whether this weight runs on the int8 dot-product kernels (int8dot.py: AVX512-VNNI or sdot)."""
+        return self._int8dot
 
     def __repr__(self) -> str:
         return f"QuantMatrix({self.quant.name}, {self.n_rows} x {self.n_cols}, {self.nbytes} bytes)"
@@ -236,8 +236,8 @@ class QuantMatrix:
         _check("x", x, (self.n_cols,))
         _check("out", out, (self.n_rows,))
         p = self._p
-        if self._vnni:
-            matvec_vnni(self.ggml_type, x, p.qs, p.qh, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
+        if self._int8dot:
+            matvec_int8dot(self.ggml_type, x, p.qs, p.qh, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
             return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
@@ -259,14 +259,14 @@ class QuantMatrix:
 
     def matmul_batch(self, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T for a long chunk, reading the weight
-        once: the integer GEMM on q8 activations (uses_vnni), else dequantized tiles through
+        once: the integer GEMM on q8 activations (uses_int8dot), else dequantized tiles through
         BLAS. acts: x already quantized by quantize_chunk(x), for weights that share an
-        input (uses_vnni only)."""
+        input (uses_int8dot only)."""
         n_tok = x.shape[0] if x.ndim == 2 else -1
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
         p, R = self._p, self.lanes
-        if self._vnni:  # integer GEMM on q8 activations (gemm_vnni.py)
+        if self._int8dot:  # integer GEMM on q8 activations (dot_ir.py)
             xq, xd, xsum = acts if acts is not None else quantize_chunk(x)
             if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
                 gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, out)

@@ -1,0 +1,242 @@
+"""Matrix kernels for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights in LLVM IR, for any CPU
+with an int8 dot-product instruction: x86's `vpdpbusd` (vnni.py) and Arm's `sdot` (sdot.py).
+
+Why: the portable kernels (dot_q.py) compute ggml's 8 integer lanes per block for 64
+rows, store them, and FMA them into 8 float accumulators in a second loop; Numba cannot
+keep those accumulators in registers across blocks (it cannot prove the scratch arrays
+do not alias the weights), and the round trips cost more than the arithmetic. Here one
+call computes W rows (W = the ISA's `width`) of one row group over all blocks, with the
+8 accumulators in registers, and each ggml lane's four byte products are one lane of
+one dot-product instruction.
+
+What differs between instruction sets is an `Isa`: the instruction (`dot`), the rows per
+call and whether Q8_0's signed codes must enter as unsigned bytes (vpdpbusd multiplies
+u8 x s8: code + 128, and 128 x the lane's activation sum comes back off; sdot multiplies
+s8 x s8 and takes the codes as they are). Q4_0/Q5_0 codes enter as q, not q - 8 / q - 16,
+on both, and 8 (16) x the activation sum comes back off. Every integer lane is exact, so
+the float steps, and the bits, are the same whatever the instruction:
+
+- matvec (one token, `chunk_codegen`): dot_q.py's arithmetic step for step, per block b
+  and ggml lane j: acc_j = fma(f32(f16(d_w) * d_x), float(lane_j), acc_j); Q4_1/Q5_1 add
+  f32(f16(m_w) * s_x) to a separate sum; at the end hsum_float_8's tree
+  ((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3)) (+ the min sum). llama.cpp's x86 order: on
+  Arm too, so one set of bits on every CPU (backends/kernel_map.py).
+- GEMM (a long chunk, `gemm_codegen`): per block, a token's 8 lanes summed as integers,
+  then acc_t = fma(f32(d_w * d_x), float(sum), acc_t) (+ m_w * s_x); the block's code
+  vectors are built once for the ISA's `gemm_tokens` tokens. Not llama.cpp's order (its
+  batched kernels have their own); used for chunks of BATCH_MIN_TOKENS tokens or more.
+
+Operands (C-contiguous; G row groups of R rows, NB blocks of 32 values, repack.py with
+lanes = a multiple of the ISA's width):
+  qs    u32[G, NB, 8, R]    block codes, 4 bytes per word, row g*R + r in lane r
+  qh    u32[G, NB, 1, R]    Q5_0/Q5_1: the 32 fifth bits per row; else size 0
+  d     u16[G, NB, D, R]    f16 bits of the block scale d (and Q4_1/Q5_1's min m: D = 2)
+  xq4   i32[(T,) NB, 8]     the token's q8 codes, 4 bytes per word (activations.py)
+  xsum  i32[(T,) NB, 16]    per block: the code sum (0), lane sums of 4 codes (8..15)
+  xd    f32[(T,) NB, 2]     per block: the activation scale (f16-rounded) and d * sum
+What does not live here: the instructions and the parallel drivers (vnni.py, sdot.py),
+the layout (repack.py), activation quantization (activations.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, load16, load_at, splat, vec
+
+TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types these kernels serve
+
+
+@dataclass(frozen=True)
+class Isa:
+    """An int8 dot-product instruction set, as the kernels need it.
+
+    dot(builder, acc, codes, x4) -> acc + per 32-bit lane of `codes` (<width x i32>, four
+    code bytes each) the sum of its 4 byte products with the 4 bytes of the i32 x4 (acc
+    None: zero); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand)."""
+
+    name: str
+    width: int  # rows per call: one float32 lane each
+    gemm_tokens: int  # tokens per GEMM call: their accumulators and the codes fit in registers
+    q8_flip: bool
+    dot: Callable
+
+    def offset(self, kind) -> int:
+        """What the codes fed to `dot` exceed ggml's signed codes by, for weight type kind."""
+        return {T.Q8_0: 128 if self.q8_flip else 0, T.Q4_0: 8, T.Q5_0: 16}.get(kind, 0)
+
+
+def block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0):
+    """The 8 code vectors of block gb (= g * n_blocks + b) for `width` rows from row0:
+    vector j holds, per row, the four codes of ggml lane j (Q8_0 flipped where the ISA
+    wants it; Q4/Q5: q, 0..31)."""
+    i64, vi = ir.IntType(64), vec(INT32, isa.width)
+
+    def const(value):
+        return ir.Constant(vi, [value] * isa.width)
+
+    if kind in (T.Q5_0, T.Q5_1):  # the block's 32 fifth bits, one u32 per row
+        bits = load16(builder, qh.data, builder.add(builder.mul(gb, R), row0), vi)
+    codes = []
+    for j in range(8):
+        w = j if kind == T.Q8_0 else j % 4
+        at = builder.add(builder.mul(builder.add(builder.mul(gb, n_words), ir.Constant(i64, w)), R), row0)
+        words = load16(builder, qs.data, at, vi)
+        if kind == T.Q8_0:
+            code = builder.xor(words, const(0x80808080 - (1 << 32))) if isa.q8_flip else words
+        elif j < 4:
+            code = builder.and_(words, const(0x0F0F0F0F))
+        else:
+            code = builder.and_(builder.lshr(words, const(4)), const(0x0F0F0F0F))
+        if kind in (T.Q5_0, T.Q5_1):
+            code = builder.or_(code, _fifth_bits(builder, bits, 4 * j if j < 4 else 16 + 4 * (j - 4), const))
+        codes.append(code)
+    return codes
+
+
+def _fifth_bits(builder, bits, first, const):
+    # bits first..first+3 of each row's qh word -> bit 4 of bytes 0..3 (16 or 0 added to
+    # each code): the 4 bits times 0x00204081 land at bits 0, 8, 16, 24 without carries
+    four = builder.and_(builder.lshr(bits, const(first)), const(15))
+    spread = builder.and_(builder.mul(four, const(0x00204081)), const(0x01010101))
+    return builder.shl(spread, const(4))
+
+
+def scales(builder, width, d_data, index, factor):
+    # f32(f16 d_w[width rows] * factor): the f16 bits widened exactly, one rounded multiply
+    halves = load16(builder, d_data, index, vec(INT16, width))
+    return builder.fmul(halves_to_float(builder, halves), splat(builder, factor, vec(FLOAT, width)))
+
+
+def _indices(builder, args, n):
+    i64 = ir.IntType(64)
+    return [builder.sext(a, i64) if a.type != i64 else a for a in args[6:6 + n]]
+
+
+def chunk_codegen(kind, isa):
+    """IR body: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + width*c : +width], one token."""
+    W = isa.width
+    vf = vec(FLOAT, W)
+
+    def codegen(context, builder, sig, args):
+        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 8)
+        i64 = ir.IntType(64)
+        g, c = _indices(builder, args, 2)
+        _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
+        n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
+        row0 = builder.mul(c, ir.Constant(i64, W))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(9)]  # 8 lanes + the min sum
+        off_mul = isa.offset(kind)
+        with cgutils.for_range(builder, n_blocks) as loop:
+            b = loop.index
+            gb = builder.add(builder.mul(g, n_blocks), b)
+            d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
+            scale = scales(builder, W, d.data, d_base, load_at(builder, xd.data, b, 2, 0))
+            codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
+            for j in range(8):
+                lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, b, 8, j))
+                if off_mul:
+                    xsum = load_at(builder, xs.data, b, 16, 8 + j)
+                    lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), lane.type))
+                builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(accs[j])), accs[j])
+            if kind in (T.Q4_1, T.Q5_1):
+                mins = scales(builder, W, d.data, builder.add(d_base, R), load_at(builder, xd.data, b, 2, 1))
+                builder.store(builder.fadd(builder.load(accs[8]), mins), accs[8])
+        a = [builder.load(p) for p in accs]
+        s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
+        s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
+        total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
+        if kind in (T.Q4_1, T.Q5_1):
+            total = builder.fadd(total, a[8])
+        ptr = builder.bitcast(builder.gep(out.data, [builder.add(builder.mul(g, R), row0)]), vf.as_pointer())
+        builder.store(total, ptr, align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def gemm_codegen(kind, isa):
+    """IR body: (qs, qh, d, xq4, xsum, xd, g, c, t0, out) -> out[t0 : t0 + gemm_tokens,
+    g*R + width*c : +width]; tokens past the end of xq4 are computed on the last token and
+    not stored. xq4, xsum, xd have a token axis; out: f32[n_tok, >= G * R]."""
+    W, n_t = isa.width, isa.gemm_tokens
+    vf = vec(FLOAT, W)
+
+    def codegen(context, builder, sig, args):
+        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 9)
+        i64 = ir.IntType(64)
+        g, c, t0 = _indices(builder, args, 3)
+        _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
+        n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
+        n_tok = cgutils.unpack_tuple(builder, x4.shape, 3)[0]
+        out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
+        row0 = builder.mul(c, ir.Constant(i64, W))
+        last = builder.sub(n_tok, ir.Constant(i64, 1))
+        toks = []
+        for i in range(n_t):
+            t = builder.add(t0, ir.Constant(i64, i))
+            toks.append(builder.select(builder.icmp_signed("<", t, n_tok), t, last))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(n_t)]
+        off_mul = isa.offset(kind)
+        with cgutils.for_range(builder, n_blocks) as loop:
+            b = loop.index
+            gb = builder.add(builder.mul(g, n_blocks), b)
+            d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
+            codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
+            for i, t in enumerate(toks):
+                tb = builder.add(builder.mul(t, n_blocks), b)
+                isum = None
+                for j in range(8):
+                    isum = isa.dot(builder, isum, codes[j], load_at(builder, x4.data, tb, 8, j))
+                if off_mul:
+                    total = load_at(builder, xs.data, tb, 16, 0)
+                    isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(INT32, off_mul)), isum.type))
+                dx = load_at(builder, xd.data, tb, 2, 0)
+                acc = fma16(builder, scales(builder, W, d.data, d_base, dx), builder.sitofp(isum, vf),
+                            builder.load(accs[i]))
+                if kind in (T.Q4_1, T.Q5_1):
+                    sx = load_at(builder, xd.data, tb, 2, 1)
+                    acc = builder.fadd(acc, scales(builder, W, d.data, builder.add(d_base, R), sx))
+                builder.store(acc, accs[i])
+        col = builder.add(builder.mul(g, R), row0)
+        for i in range(n_t):
+            t = builder.add(t0, ir.Constant(i64, i))
+            with builder.if_then(builder.icmp_signed("<", t, n_tok)):
+                at = builder.add(builder.mul(t, out_cols), col)
+                builder.store(builder.load(accs[i]), builder.bitcast(builder.gep(out.data, [at]), vf.as_pointer()),
+                              align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def chunk_intrinsics(isa) -> dict:
+    """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, out)} for one ISA."""
+
+    def make(kind):
+        @intrinsic
+        def chunk(typingctx, qs, qh, d, xq4, xsum, xd, g, c, out):
+            return types.void(qs, qh, d, xq4, xsum, xd, g, c, out), chunk_codegen(kind, isa)
+
+        return chunk
+
+    return {kind: make(kind) for kind in TYPES}
+
+
+def gemm_intrinsics(isa) -> dict:
+    """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, t0, out)} for one ISA."""
+
+    def make(kind):
+        @intrinsic
+        def gemm(typingctx, qs, qh, d, xq4, xsum, xd, g, c, t0, out):
+            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), gemm_codegen(kind, isa)
+
+        return gemm
+
+    return {kind: make(kind) for kind in TYPES}

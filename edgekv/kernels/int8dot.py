@@ -1,0 +1,67 @@
+"""The parallel drivers of the int8 dot-product kernels (dot_ir.py), for the instruction
+set this CPU has: AVX512-VNNI (vnni.py) or Arm's sdot (sdot.py).
+
+What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
+`HAS_INT8DOT`, `TYPES`, and the two drivers matvec.py calls: `matvec_chunks` (one token,
+llama.cpp's bits) and `gemm_chunks` (a long chunk). Only this CPU's ISA is ever compiled:
+the other's instructions do not exist for its LLVM target.
+What does not: the IR (dot_ir.py), activation quantization (activations.py).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+from gguf import GGMLQuantizationType as T
+
+from .config import EXACT_FLAGS
+from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics
+from .sdot import HAS_SDOT, SDOT
+from .vnni import HAS_VNNI, VNNI
+
+ISA = VNNI if HAS_VNNI else (SDOT if HAS_SDOT else None)
+HAS_INT8DOT = ISA is not None
+CHUNK = (ISA or VNNI).width  # rows per call; repacked groups are a multiple of it
+TOKENS = (ISA or VNNI).gemm_tokens  # tokens per GEMM call
+
+_C = chunk_intrinsics(ISA or VNNI)
+_c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in TYPES)
+_G = gemm_intrinsics(ISA or VNNI)
+_g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps
+def matvec_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
+    # every CHUNK-row chunk of every group, one token: out_pad f32[G * R] (R a multiple of CHUNK)
+    per_group = qs.shape[3] // CHUNK
+    for g in nb.prange(qs.shape[0]):  # a group's chunks on one thread: its memory is one stream
+        for c in range(per_group):
+            if kind == T.Q8_0:
+                _c_q8_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            elif kind == T.Q4_0:
+                _c_q4_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            elif kind == T.Q4_1:
+                _c_q4_1(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            elif kind == T.Q5_0:
+                _c_q5_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+            else:
+                _c_q5_1(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
+def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
+    # out_pad f32[n_tok, G * R] = x @ W^T for all CHUNK-row chunks; a chunk's token tiles on one thread
+    per_group = qs.shape[3] // CHUNK
+    n_tok = xq4.shape[0]
+    for job in nb.prange(qs.shape[0] * per_group):
+        g, c = job // per_group, job % per_group
+        for t0 in range(0, n_tok, TOKENS):
+            if kind == T.Q8_0:
+                _g_q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == T.Q4_0:
+                _g_q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == T.Q4_1:
+                _g_q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            elif kind == T.Q5_0:
+                _g_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            else:
+                _g_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
