@@ -12,12 +12,17 @@ MODELS      := smollm2-135m-instruct gemma3-270m
 PYTEST_ARGS ?=
 PULL        := $(PY) -m edgekv pull
 
-.PHONY: test chat bench install
+.PHONY: test test-aarch64 chat bench install
 
 test: $(STAMP)
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
 	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# the aarch64 code under QEMU user-mode emulation (tools/test_aarch64.sh; needs root)
+test-aarch64: $(STAMP)
+	$(PULL) smollm2-135m-instruct
+	bash tools/test_aarch64.sh
 
 chat: $(STAMP)
 	$(PULL)
