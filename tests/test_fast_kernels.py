@@ -17,7 +17,7 @@ from test_quants import random_rows
 from edgekv.kernels import attention as att
 from edgekv.kernels import attention_q as attq
 from edgekv.kernels import fp16
-from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV
+from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from edgekv.kernels.intrinsics import fma
 from edgekv.kernels.matvec import QuantMatrix
 from edgekv.kernels.quantize import quantize_rows
@@ -52,6 +52,26 @@ def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
     fast.rows(np.array([0, 5, n_rows - 1]), rows[0])
     portable.rows(np.array([0, 5, n_rows - 1]), rows[1])
     assert same_bits(*rows)
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason="the CPU has no int8 dot product (AVX512-VNNI, Arm sdot)")
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)], ids=lambda t: T(t).name)
+def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
+    # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block
+    rng = np.random.default_rng(ggml_type)
+    n_rows, n_cols = 100, 768
+    raw = random_rows(ggml_type, n_rows, n_cols, rng)
+    fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+    assert fast.sums_on_int8dot and not portable.sums_on_int8dot and fast.lanes == portable.lanes == 64
+    for scale in (1.0, 1e-3, 50.0):
+        x = (rng.standard_normal(n_cols) * scale).astype(np.float32)
+        x[256:512] = 0
+        for order in (ORDER_GEMV, ORDER_GEMM, ORDER_TILED, ORDER_GEMM | ORDER_TILED):
+            a, b = np.zeros(n_rows, np.float32), np.zeros(n_rows, np.float32)
+            fast.matvec(x, a, order)
+            portable.matvec(x, b, order)
+            assert same_bits(a, b), (scale, order)
 
 
 @pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q6_K), int(T.Q5_0)], ids=lambda t: T(t).name)

@@ -14,8 +14,10 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | weight type               | n < 64 (decode, short chunks)              | n >= 64, cpu with int8 dot         | n >= 64, portable                 |
 |---------------------------|--------------------------------------------|------------------------------------|-----------------------------------|
 | Q8_0 Q4_0 Q4_1 Q5_0 Q5_1  | int8 dot: dot_ir.py matvec; else dot_q.py  | dot_ir.py IR GEMM, q8 acts         | unpack.py tiles + BLAS, f32 acts  |
-| Q4_K Q5_K                 | dot_k.py (q8_K acts, llama.cpp's 3 orders)  | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
-| Q6_K                      | dot_k.py dot_q6_k (q8_K acts)               | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+| Q4_K Q5_K                 | dot_k.py (q8_K acts, llama.cpp's 3 orders); | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+|                           | int8 dot: its integer sums on dot_k_ir.py   |                                    |                                   |
+| Q6_K                      | dot_k.py dot_q6_k (q8_K acts); int8 dot:    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+|                           | its integer sums on dot_k_ir.py             |                                    |                                   |
 | F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column, on both backends and on
@@ -36,8 +38,7 @@ Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
 Element-wise kernels (ops.py: RMS norm, RoPE, SiLU/GELU, residual adds) are the same on
 every CPU backend and bit-exact.
 
-Planned: sdot kernels for the K-quants (today the portable dot_k.py serves them on
-Arm, where LLVM vectorizes its int32 lanes with NEON), and a `cuda` backend (its own table: NVRTC-compiled kernels,
+Planned: a `cuda` backend (its own table: NVRTC-compiled kernels,
 not bit-exact with the CPU). A CPU or backend lacking a kernel falls back to the portable
 one for that weight type, and `edgekv info -m MODEL` shows which one serves each type.
 
@@ -47,9 +48,7 @@ backend objects (backends/cpu.py).
 
 from __future__ import annotations
 
-from gguf import GGMLQuantizationType as T
-
-from ..kernels.int8dot import HAS_INT8DOT, ISA, TYPES as INT8DOT_TYPES
+from ..kernels.int8dot import HAS_INT8DOT, ISA, K_TYPES, TYPES as INT8DOT_TYPES
 
 BATCH_MIN_TOKENS = 64  # chunks at least this long take the batch path
 
@@ -80,8 +79,8 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
         return f"{ISA.name} matvec (exact)", f"{ISA.name} GEMM, q8 activations"
     if ggml_type in INT8DOT_TYPES:
         exact = "dot_q lanes (exact)"
-    elif ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):
-        exact = "dot_k lanes (exact)"
+    elif ggml_type in K_TYPES:
+        exact = f"dot_k lanes, {ISA.name} sums (exact)" if int8dot and HAS_INT8DOT else "dot_k lanes (exact)"
     else:
         exact = "dot_float (exact)"
     return exact, "dequantized tiles + BLAS"

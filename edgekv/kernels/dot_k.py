@@ -16,8 +16,10 @@ Per super-block b (256 values) and lane r, with sub-block sums S_i = sum code_w 
 
 where X_i is the sum of the activation codes under sub-block i (from q8_K's sums of 16),
 so the mins and the -32 offset never touch the inner loop. Results land in acc[0]; the
-float steps follow llama.cpp exactly (see dot_q.py for why). What does not live here:
-the parallel loop (matvec.py).
+float steps follow llama.cpp exactly (see dot_q.py for why). With the INT8DOT flag the
+integer sums k4_chunk_sums / q6_quarter_sums come from dot_k_ir.py instead (the same
+integers on the CPU's int8 dot instruction). What does not live here: the parallel loop
+(matvec.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from .config import EXACT_FLAGS, JIT_FLAGS
 from .dot_q import bit16, lanes_fma, lanes_hsum, nib
 from .fp16 import f16_to_f32
+from .int8dot import HAS_INT8DOT, k4_sums, q6_runs
 from .intrinsics import fma
 
 F32 = np.float32
@@ -37,6 +40,9 @@ I32 = np.int32
 ORDER_GEMV = 0  # one token: vec_dot (Q6_K) or the repacked-Q4_K gemv
 ORDER_GEMM = 1  # a token in a whole group of 4 of a batch: the repacked-Q4_K gemm
 ORDER_TILED = 2  # a batch of 8 or more tokens: the tiled K-quant matmul (Q6_K, Q5_K)
+# Not an order: the integer sums come from the int8 dot-product instructions (dot_k_ir.py),
+# the same integers, so the same bits. Set only where int8dot.HAS_INT8DOT.
+INT8DOT = 4
 
 
 @nb.njit(**JIT_FLAGS)
@@ -88,7 +94,10 @@ def dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
         tot[:] = 0
         mins[:] = 0
         for c in range(4):
-            k4_chunk_sums(qs, qh, g, b, c, xq, lo, hi)
+            if (order & INT8DOT) != 0:
+                _k4_fast(qs, qh, g, b, c, xq.view(np.int32), lo, hi)
+            else:
+                k4_chunk_sums(qs, qh, g, b, c, xq, lo, hi)
             s0, s1 = sc[g, b, 2 * c], sc[g, b, 2 * c + 1]
             m0, m1 = sc[g, b, 8 + 2 * c], sc[g, b, 9 + 2 * c]
             x0 = xsum[b, 4 * c] + xsum[b, 4 * c + 1]
@@ -161,7 +170,7 @@ def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
     scale = acc[9]
     acc[:] = 0.0
     for b in range(n_sb):
-        q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes)
+        q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes, (order & INT8DOT) != 0)
         dx, dw = xd[b, 0], d[g, b, 0]
         if (order & ORDER_TILED) != 0:
             # the lanes partition the super-block's integer sum T exactly
@@ -179,13 +188,16 @@ def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
 
 
 @nb.njit(**JIT_FLAGS)
-def q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes):
+def q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes, fast):
     # the 8 int32 lanes of super-block b (see the module docstring), -32 offset included
     R = qs.shape[3]
     lanes[:] = 0
     for h in range(2):
         for half in range(2):
-            q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
+            if fast:
+                _q6_fast(qs, qh, g, b, h, half, xq.view(np.int32), runs)
+            else:
+                q6_quarter_sums(qs, qh, g, b, h, half, xq, runs)
             for k in range(4):
                 sub = sc[g, b, 8 * h + 2 * k + half]
                 for jj in range(4):
@@ -205,3 +217,15 @@ def tiled_accumulate(dw, dx, tot, acc):
     # multiply and add intrinsics into an FMA
     for r in range(acc.shape[1]):
         acc[0, r] = fma(F32(F32(tot[r]) * f16_to_f32(dw[r])), dx, acc[0, r])
+
+
+if HAS_INT8DOT:
+    _k4_fast, _q6_fast = k4_sums, q6_runs
+else:  # never called (no INT8DOT flag here): the portable sums, so that nothing compiles IR this CPU lacks
+    @nb.njit(**JIT_FLAGS)
+    def _k4_fast(qs, qh, g, b, c, xq4, lo, hi):
+        k4_chunk_sums(qs, qh, g, b, c, xq4.view(np.int8), lo, hi)
+
+    @nb.njit(**JIT_FLAGS)
+    def _q6_fast(qs, qh, g, b, h, half, xq4, s):
+        q6_quarter_sums(qs, qh, g, b, h, half, xq4.view(np.int8), s)

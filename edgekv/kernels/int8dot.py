@@ -3,7 +3,8 @@ set this CPU has: AVX512-VNNI (vnni.py) or Arm's sdot (sdot.py).
 
 What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
 `HAS_INT8DOT`, `TYPES`, and the two drivers matvec.py calls: `matvec_chunks` (one token,
-llama.cpp's bits) and `gemm_chunks` (a long chunk). Only this CPU's ISA is ever compiled:
+llama.cpp's bits) and `gemm_chunks` (a long chunk); for the K-quants, `k4_sums` and
+`q6_runs`, the integer sums dot_k.py takes from dot_k_ir.py (K_TYPES). Only this CPU's ISA is ever compiled:
 the other's instructions do not exist for its LLVM target.
 What does not: the IR (dot_ir.py), activation quantization (activations.py).
 """
@@ -15,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics
+from .dot_k_ir import k_intrinsics
 from .sdot import HAS_SDOT, SDOT
 from .vnni import HAS_VNNI, VNNI
 
@@ -27,6 +29,25 @@ _C = chunk_intrinsics(ISA or VNNI)
 _c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in TYPES)
 _G = gemm_intrinsics(ISA or VNNI)
 _g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
+
+
+_k4, _k5, _q6 = k_intrinsics(ISA or VNNI)
+K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+@nb.njit(**EXACT_FLAGS)
+def k4_sums(qs, qh, g, b, c, xq4, lo, hi):
+    # dot_k.k4_chunk_sums on the ISA (xq4: the q8_K codes as i32[NSB, 64])
+    if qh.shape[2] > 0:
+        _k5(qs, qh, g, b, c, xq4, lo, hi)
+    else:
+        _k4(qs, qh, g, b, c, xq4, lo, hi)
+
+
+@nb.njit(**EXACT_FLAGS)
+def q6_runs(qs, qh, g, b, h, half, xq4, s):
+    # dot_k.q6_quarter_sums on the ISA
+    _q6(qs, qh, g, b, h, half, xq4, s)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps

@@ -8,15 +8,17 @@ kernels over all row groups in parallel. What does not: the per-type arithmetic
 
 How each product is computed, and why:
 - matvec: like llama.cpp, x is quantized once per call to the weight's activation
-  format (activations.py) and every block is an int32 dot product (dot_q.py, dot_k.py);
-  F32/F16/BF16 weights use float dots (x rounded to f16/bf16 first, as ggml does).
+  format (activations.py) and every block is an int32 dot product (dot_q.py, dot_k.py;
+  on a CPU with an int8 dot instruction, AVX512-VNNI or Arm sdot, the 32-value block
+  types run on dot_ir.py's kernels and the K-quants' integer sums on dot_k_ir.py's, with
+  the same bits); F32/F16/BF16 weights use float dots (x rounded to f16/bf16 first, as ggml does).
   The result differs from the float64 product by the 8-bit rounding of x only.
   One call into Numba, no allocation: scratch lives on the QuantMatrix.
 - matmul_exact (a short chunk): one matvec per token in llama.cpp's summation orders,
   bit-identical to it.
 - matmul_batch (a long chunk): the integer GEMM on q8 activations (dot_ir.py) where
-  the weight takes the int8 dot-product kernels (AVX512-VNNI or Arm sdot), else tiles of rows dequantized to float32
-  (unpack.py) and multiplied by BLAS; either reads the weight once, not n times.
+  the weight takes the int8 dot-product kernels (AVX512-VNNI or Arm sdot), else tiles
+  of rows dequantized to float32 (unpack.py) and multiplied by BLAS; either reads the weight once, not n times.
   Dequantizing a tile costs about as much as 4-6 matvecs. Which of the two a chunk
   takes is the backend's choice (backends/kernel_map.py).
 - rows: one lane unpacked per requested row, bit-identical to quants.dequantize.
@@ -35,12 +37,12 @@ from ..quants import quant_type, row_nbytes
 from . import activations as act
 from . import config
 from .config import EXACT_FLAGS, JIT_FLAGS, LANES, PARALLEL_FLAGS, max_threads
-from .dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
+from .dot_k import INT8DOT, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
 from .activations import quantize_acts
-from .int8dot import CHUNK, HAS_INT8DOT, TYPES as INT8DOT_TYPES, gemm_chunks, matvec_chunks
+from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, matvec_chunks
 from .unpack import unpack_group
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
@@ -217,9 +219,18 @@ class QuantMatrix:
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         # the int8 dot-product kernels (int8dot.py) where the CPU has them and the type is theirs
         self._int8dot = int8dot and lanes % CHUNK == 0
+        # K-quants keep the portable layout and kernels (dot_k.py) with the integer sums on
+        # the int8 dot instructions (dot_k_ir.py): the INT8DOT flag of every matvec
+        k_int8dot = HAS_INT8DOT and use_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
+        self._k_flags = INT8DOT if k_int8dot else 0
         padded = self._int8dot and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
+
+    @property
+    def sums_on_int8dot(self) -> bool:
+        """Whether this K-quant weight's integer sums run on the int8 dot instructions (dot_k_ir.py)."""
+        return self._k_flags != 0
 
     @property
     def uses_int8dot(self) -> bool:
@@ -241,7 +252,7 @@ class QuantMatrix:
             return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-            self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order)
+            self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order | self._k_flags)
 
     def matmul_exact(self, x: np.ndarray, out: np.ndarray) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T as llama.cpp computes a small batch,

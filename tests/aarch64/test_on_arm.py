@@ -37,7 +37,9 @@ def test_the_cpu_has_sdot_and_the_cpu_backend_takes_it():
     assert backend.name == "cpu" and system_info(backend)["weight kernels"].startswith("sdot")
     for kind in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
         assert kernel_map.weight_kernels(kind, True) == ("sdot matvec (exact)", "sdot GEMM, q8 activations")
-    assert kernel_map.weight_kernels(T.Q4_K, True)[0] == "dot_k lanes (exact)"
+    for kind in (T.Q4_K, T.Q5_K, T.Q6_K):
+        assert kernel_map.weight_kernels(kind, True)[0] == "dot_k lanes, sdot sums (exact)"
+        assert kernel_map.weight_kernels(kind, False)[0] == "dot_k lanes (exact)"
 
 
 def test_smollm2_greedy_ids_are_llama_cpps():
