@@ -37,8 +37,11 @@ die() { echo "test_aarch64: $*" >&2; exit 1; }
 
 step "tools: qemu-user-static, debootstrap"
 if ! command -v qemu-aarch64-static >/dev/null || ! command -v debootstrap >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static debootstrap binfmt-support >/dev/null \
-        || die "apt-get install qemu-user-static debootstrap failed"
+    export DEBIAN_FRONTEND=noninteractive
+    packages=(qemu-user-static debootstrap binfmt-support)
+    apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null && apt-get install -y -q "${packages[@]}" >/dev/null; } \
+        || die "apt-get install ${packages[*]} failed (even after apt-get update)"
 fi
 
 step "binfmt_misc: run aarch64 ELF files through qemu-aarch64-static"
