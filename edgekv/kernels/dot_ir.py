@@ -48,7 +48,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, load16, load_at, splat, vec
+from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, splat, vec
 
 TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types these kernels serve
 
@@ -114,11 +114,6 @@ def scales(builder, width, d_data, index, factor):
     return builder.fmul(halves_to_float(builder, halves), splat(builder, factor, vec(FLOAT, width)))
 
 
-def _indices(builder, args, n):
-    i64 = ir.IntType(64)
-    return [builder.sext(a, i64) if a.type != i64 else a for a in args[6:6 + n]]
-
-
 def chunk_codegen(kind, isa):
     """IR body: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + width*c : +width], one token."""
     W = isa.width
@@ -127,7 +122,7 @@ def chunk_codegen(kind, isa):
     def codegen(context, builder, sig, args):
         qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 8)
         i64 = ir.IntType(64)
-        g, c = _indices(builder, args, 2)
+        g, c = i64_args(builder, args[6:8])
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
         n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
         row0 = builder.mul(c, ir.Constant(i64, W))
@@ -171,7 +166,7 @@ def gemm_codegen(kind, isa):
     def codegen(context, builder, sig, args):
         qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 9)
         i64 = ir.IntType(64)
-        g, c, t0 = _indices(builder, args, 3)
+        g, c, t0 = i64_args(builder, args[6:9])
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
         n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
         n_tok = cgutils.unpack_tuple(builder, x4.shape, 3)[0]

@@ -26,18 +26,13 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .irvec import INT32, arrays, load16, splat, vec
+from .irvec import INT32, arrays, i64_args, load16, load_at, splat, vec
 
 
 def _word_at(builder, shape, g, b, w, row):
     # element index of [g, b, w, row] in a C-contiguous [G, NSB, NW, R] array (i64 values)
     _, n_sb, n_w, R = shape
     return builder.add(builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, n_sb), b), n_w), w), R), row)
-
-
-def _x4(builder, x4, b, word):
-    # x4[b, word] of an i32[NSB, 64] array
-    return builder.load(builder.gep(x4.data, [builder.add(builder.mul(b, ir.Constant(b.type, 64)), word)]))
 
 
 def _bits(builder, words, shift, mask, vi):
@@ -54,7 +49,7 @@ def _k4_codegen(isa, fifth):
     def codegen(context, builder, sig, args):
         qs, qh, x4, lo, hi = arrays(context, builder, sig, args, 0, 1, 5, 6, 7)
         i64 = ir.IntType(64)
-        g, b, c = (builder.sext(a, i64) if a.type != i64 else a for a in args[2:5])
+        g, b, c = i64_args(builder, args[2:5])
         qs_shape, qh_shape = cgutils.unpack_tuple(builder, qs.shape, 4), cgutils.unpack_tuple(builder, qh.shape, 4)
         shift_lo = builder.trunc(builder.mul(c, ir.Constant(i64, 2)), INT32)  # Q5_K: bit 2c of each qh byte
         shift_hi = builder.add(shift_lo, ir.Constant(INT32, 1))
@@ -70,8 +65,8 @@ def _k4_codegen(isa, fifth):
                     lo_codes = builder.or_(lo_codes, builder.shl(_bits(builder, e, shift_lo, 0x01010101, vi), four))
                     hi_codes = builder.or_(hi_codes, builder.shl(_bits(builder, e, shift_hi, 0x01010101, vi), four))
                 word = builder.add(builder.mul(c, ir.Constant(i64, 16)), ir.Constant(i64, u))
-                lo_acc = isa.dot(builder, lo_acc, lo_codes, _x4(builder, x4, b, word))
-                hi_acc = isa.dot(builder, hi_acc, hi_codes, _x4(builder, x4, b, builder.add(word, ir.Constant(i64, 8))))
+                lo_acc = isa.dot(builder, lo_acc, lo_codes, load_at(builder, x4.data, b, 64, word))
+                hi_acc = isa.dot(builder, hi_acc, hi_codes, load_at(builder, x4.data, b, 64, builder.add(word, ir.Constant(i64, 8))))
             for out, acc in ((lo, lo_acc), (hi, hi_acc)):
                 builder.store(acc, builder.bitcast(builder.gep(out.data, [row]), vi.as_pointer()), align=4)
         return context.get_dummy_value()
@@ -87,7 +82,7 @@ def _q6_codegen(isa):
     def codegen(context, builder, sig, args):
         qs, qh, x4, s = arrays(context, builder, sig, args, 0, 1, 6, 7)
         i64 = ir.IntType(64)
-        g, b, h, half = (builder.sext(a, i64) if a.type != i64 else a for a in args[2:6])
+        g, b, h, half = i64_args(builder, args[2:6])
         qs_shape, qh_shape = cgutils.unpack_tuple(builder, qs.shape, 4), cgutils.unpack_tuple(builder, qh.shape, 4)
         R = qs_shape[3]
         with cgutils.for_range(builder, builder.udiv(R, ir.Constant(i64, isa.width))) as loop:
@@ -106,7 +101,7 @@ def _q6_codegen(isa):
                 for k, (low, low_shift) in enumerate(((p, 0), (q, 0), (p, 4), (q, 4))):
                     codes = builder.or_(_bits(builder, low, low_shift, 0x0F0F0F0F, vi),
                                         builder.shl(_bits(builder, e, 2 * k, 0x03030303, vi), four))
-                    total = isa.dot(builder, None, codes, _x4(builder, x4, b, builder.add(x_word, ir.Constant(i64, 8 * k))))
+                    total = isa.dot(builder, None, codes, load_at(builder, x4.data, b, 64, builder.add(x_word, ir.Constant(i64, 8 * k))))
                     at = builder.add(builder.mul(ir.Constant(i64, 4 * k + jj), R), row)
                     builder.store(total, builder.bitcast(builder.gep(s.data, [at]), vi.as_pointer()), align=4)
         return context.get_dummy_value()

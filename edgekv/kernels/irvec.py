@@ -64,10 +64,17 @@ def lanes(builder, vec, first, n):
 
 
 def load_at(builder, data, row, width, col):
-    """data[row * width + col] for an element pointer `data` and i64 `row`; width, col: ints."""
+    """data[row * width + col] for an element pointer `data` and i64 `row`; width: an int,
+    col: an int or an i64 value."""
     i64 = ir.IntType(64)
-    return builder.load(builder.gep(data, [builder.add(builder.mul(row, ir.Constant(i64, width)),
-                                                       ir.Constant(i64, col))]))
+    col = col if isinstance(col, ir.Value) else ir.Constant(i64, col)
+    return builder.load(builder.gep(data, [builder.add(builder.mul(row, ir.Constant(i64, width)), col)]))
+
+
+def i64_args(builder, args):
+    """Integer arguments of an intrinsic's call, widened to i64 where Numba passed narrower ones."""
+    i64 = ir.IntType(64)
+    return [builder.sext(a, i64) if a.type != i64 else a for a in args]
 
 
 def arrays(context, builder, sig, args, *which):
