@@ -224,7 +224,11 @@ def available_memory() -> int | None:
 def default_mem_budget(weight_bytes: int) -> int | None:
     """Half the available memory minus the model's weights (never below 0); None if the
     available memory is unknown (no budget)."""
-    avail = available_memory()
+    return budget_from(available_memory(), weight_bytes)
+
+
+def budget_from(avail: int | None, weight_bytes: int) -> int | None:
+    """default_mem_budget for an available-memory figure already read (None: no budget)."""
     if avail is None:
         return None
     return max(0, avail // 2 - int(weight_bytes))

@@ -52,7 +52,7 @@ def mem(args: argparse.Namespace) -> int:
         source = "--mem-budget"
     else:
         free = free_memory()
-        budget = context.default_mem_budget(context.weight_bytes(g))
+        budget = context.budget_from(None if free is None else free.bytes, context.weight_bytes(g))  # the figure printed
         source = ("no budget: the free memory cannot be read here" if free is None else
                   f"half of {free} minus the weights")
     plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
