@@ -38,8 +38,9 @@ class CPUBackend(Backend):
 
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
                release: Callable[[np.ndarray], None] | None = None) -> QuantMatrix:
-        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=kernel_map.takes_int8dot(ggml_type, self.use_int8dot),
-                           release=release)
+        # whether this backend may use the int8 dot instructions; QuantMatrix applies it per
+        # type (the 32-value kernels, or the K-quants' integer sums) as kernel_map's table says
+        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=self.use_int8dot, release=release)
 
     def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
         w.rows(ids, out)
