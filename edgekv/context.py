@@ -23,7 +23,6 @@ the cache type's ggml block format (quants.py).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -285,7 +284,7 @@ def read_hparams(g):
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
-    return importlib.import_module(ARCHITECTURES[arch].__module__).read_hparams(g)
+    return ARCHITECTURES[arch].read_hparams(g)
 
 
 # ---- memory report -------------------------------------------------------------------------

@@ -175,7 +175,8 @@ class Session:
             discard = max(need, STREAM_BLOCK)
         discard = min(discard, movable)
         log.info("context full: dropping %d tokens after the first %d (%s)", discard, keep, self.context_shift)
-        self.cache.discard(keep, discard, self.model.shift_keys)
+        n_ctx = self.cache.capacity
+        self.cache.discard(keep, discard, lambda layer, k, delta: self.model.shift_keys(layer, k, delta, n_ctx))
         del self.tokens[keep : keep + discard]
         self.n_discarded += discard
 

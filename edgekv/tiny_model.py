@@ -1,13 +1,14 @@
-"""Write tiny random-weight GGUF models (llama, gemma3) for fast unit tests.
+"""Write tiny random-weight GGUF models (llama, mistral, gemma3, qwen2, qwen3, phi3) for fast unit tests.
 
 What lives here: `make_tiny_model()` and its command line. A tiny model has the real
-architecture's metadata keys and tensor names, a real (synthetic) tokenizer - GPT-2
-byte-level BPE with ChatML for llama, SentencePiece with byte fallback and a Gemma-style
-template for gemma3 - and random weights scaled as normal(0, 1/sqrt(fan_in)) so
+architecture's metadata keys and tensor names (Qwen2's biases, Qwen3's Q/K norms, Phi-3's
+fused attn_qkv and gate+up, LongRoPE factors; "mistral" is a `llama` GGUF with a sliding
+window and Llama 2's SentencePiece), a real (synthetic) tokenizer of its family
+(tiny_vocab.py) and random weights scaled as normal(0, 1/sqrt(fan_in)) so
 activations stay O(1) through the layers. Norm weights stay F32 as in real GGUFs; the
 matrices take the requested type. What does not live here: reading GGUFs (edgekv/gguf.py)
-and the reference block formats (edgekv/quants.py). It needs only numpy and `gguf` (no
-other edgekv module): tests build their models with it, `edgekv warmup` compiles the
+and the reference block formats (edgekv/quants.py). It needs only numpy, `gguf` and
+tiny_vocab.py (no other edgekv module): tests build their models with it, `edgekv warmup` compiles the
 kernels on its models, and tools/make_tiny_model.py is its command line.
 
 Quantization: F16 by numpy; BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 by `gguf.quants.quantize`;
@@ -24,139 +25,28 @@ to get K-type blocks in every matrix.
 from __future__ import annotations
 
 import argparse
-import re
-from collections import Counter
+import math
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize
 
+from .tiny_vocab import add_tokenizer, vocab_for
+
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 FILE_TYPES = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}  # else MOSTLY_<type>
 ARCH_DEFAULTS = {
     "llama": dict(n_layers=2, rope_theta=10000.0, norm_eps=1e-5, tied=False),
+    "mistral": dict(n_layers=2, rope_theta=10000.0, norm_eps=1e-5, tied=False, sliding_window=8),
     "gemma3": dict(n_layers=7, rope_theta=1e6, norm_eps=1e-6, tied=True, sliding_window=8),
+    "qwen2": dict(n_layers=2, rope_theta=1e6, norm_eps=1e-6, tied=True),
+    "qwen3": dict(n_layers=2, rope_theta=1e6, norm_eps=1e-6, tied=True),
+    "phi3": dict(n_layers=2, rope_theta=10000.0, norm_eps=1e-5, tied=False),
 }
-OVERRIDES = ("tied", "rope_theta", "norm_eps", "sliding_window", "embd_type", "metadata")
-N_MERGES = 48
-CORPUS = (
-    "Hello world! The quick brown fox jumps over the lazy dog. "
-    "A small model on the edge keeps its cache in a ring; the ring holds the keys and the values "
-    "of the tokens that came before, and the oldest tokens leave when the ring is full. "
-    "Is it there? Yes, it is there, and then it is not. 1 2 3 4 5 10 100 2024."
-)
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-GEMMA_TEMPLATE = (  # a system message is folded into the first user turn, as Gemma does
-    "{{ bos_token }}"
-    "{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\\n\\n' %}"
-    "{% set turns = messages[1:] %}{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
-    "{% for message in turns %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') + message['content'] | trim"
-    " + '<end_of_turn>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
-)
-WHITESPACE_RUNS = ["\n", "\n\n", "\n\n\n", "  ", "   ", "\t\t"]
-# llama.cpp's token types
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
-
-
-# --- tokenizers -----------------------------------------------------------------------------
-
-
-def gpt2_byte_chars() -> list[tuple[int, str]]:
-    """GPT-2's byte -> printable character map, in its vocabulary order: the bytes that are
-    printable Latin-1 map to themselves, the rest to U+0100 onwards."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    shifted = [b for b in range(256) if b not in keep]
-    return [(b, chr(b)) for b in keep] + [(b, chr(0x100 + i)) for i, b in enumerate(shifted)]
-
-
-def train_merges(words: list[str], n_merges: int) -> list[tuple[str, str]]:
-    """Plain BPE training: repeatedly merge the most frequent adjacent pair (ties: largest pair)."""
-    seqs = [list(w) for w in words]
-    merges: list[tuple[str, str]] = []
-    for _ in range(n_merges):
-        counts = Counter(pair for seq in seqs for pair in zip(seq, seq[1:]))
-        if not counts:
-            break
-        best = max(counts, key=lambda pair: (counts[pair], pair))
-        merges.append(best)
-        for seq in seqs:
-            i = 0
-            while i < len(seq) - 1:
-                if (seq[i], seq[i + 1]) == best:
-                    seq[i : i + 2] = [seq[i] + seq[i + 1]]
-                i += 1
-    return merges
-
-
-def bpe_vocab() -> dict:
-    """GPT-2 byte-level BPE like SmolLM2's: 3 control tokens, 256 byte tokens, merged tokens."""
-    to_char = dict(gpt2_byte_chars())
-    pieces = re.findall(r"'s|'t| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", CORPUS)
-    words = ["".join(to_char[b] for b in p.encode("utf-8")) for p in pieces]
-    merges = train_merges(words, N_MERGES)
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [c for _, c in gpt2_byte_chars()]
-    tokens += list(dict.fromkeys(a + b for a, b in merges if a + b not in tokens))
-    types = [CONTROL] * 3 + [NORMAL] * (len(tokens) - 3)
-    return dict(model="gpt2", pre="smollm", tokens=tokens, types=types, scores=None,
-                merges=[f"{a} {b}" for a, b in merges], bos=1, eos=2, unk=0, pad=2,
-                add_bos=False, template=CHATML_TEMPLATE)
-
-
-def spm_vocab() -> dict:
-    """SentencePiece with byte fallback like Gemma 3's: controls, <0xNN> bytes, user-defined
-    whitespace runs, then ▁-pieces scored so that earlier merges win."""
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    tokens = list(specials)
-    types = [CONTROL, CONTROL, CONTROL, UNKNOWN, CONTROL, CONTROL]
-    scores = [-1000.0] * len(specials)
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [BYTE] * 256
-    scores += [0.0] * 256
-    # Gemma 3's user-defined tokens are raw whitespace runs (matched before spaces become ▁)
-    tokens += WHITESPACE_RUNS
-    types += [USER_DEFINED] * len(WHITESPACE_RUNS)
-    scores += [-1000.0] * len(WHITESPACE_RUNS)
-    text = CORPUS.replace(" ", "▁")
-    merges = train_merges(re.findall(r"▁?[^▁]+", text), N_MERGES)
-    merged = list(dict.fromkeys(a + b for a, b in merges))
-    chars = sorted(set(text))
-    tokens += merged + chars
-    types += [NORMAL] * (len(merged) + len(chars))
-    scores += [-float(i) for i in range(len(merged))] + [-1000.0 - i for i in range(len(chars))]
-    return dict(model="llama", pre="default", tokens=tokens, types=types, scores=scores, merges=None,
-                bos=2, eos=1, unk=3, pad=0, add_bos=True, template=GEMMA_TEMPLATE)
-
-
-def add_tokenizer(w: GGUFWriter, vocab: dict) -> None:
-    w.add_tokenizer_model(vocab["model"])
-    w.add_tokenizer_pre(vocab["pre"])
-    w.add_token_list(vocab["tokens"])
-    if vocab["scores"] is not None:
-        w.add_token_scores(vocab["scores"])
-    w.add_token_types(vocab["types"])
-    if vocab["merges"] is not None:
-        w.add_token_merges(vocab["merges"])
-    w.add_bos_token_id(vocab["bos"])
-    w.add_eos_token_id(vocab["eos"])
-    w.add_unk_token_id(vocab["unk"])
-    w.add_pad_token_id(vocab["pad"])
-    w.add_add_bos_token(vocab["add_bos"])
-    w.add_add_eos_token(False)
-    w.add_bool("tokenizer.ggml.add_space_prefix", False)
-    w.add_chat_template(vocab["template"])
-
-
+GGUF_ARCH = {"mistral": "llama"}  # families written under another architecture's name
+OVERRIDES = ("tied", "rope_theta", "norm_eps", "sliding_window", "embd_type", "metadata", "rope_dims", "longrope")
 # --- K-quant blocks (256 values per block) ----------------------------------------------------
 
 
@@ -250,29 +140,52 @@ def matrix_type(weight_type: str, ne0: int) -> str:
 # --- the model ------------------------------------------------------------------------------
 
 
-def tensor_specs(arch: str, hp: dict, n_vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, ggml shape (ne0, ne1), kind) in file order; kind is norm, embd or matrix."""
+def layer_specs(arch: str, hp: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """One layer's tensors (name without `blk.i.` and `.weight`/`.bias`, ggml shape) in file order."""
     dim, ff, head_dim = hp["dim"], hp["ff"], hp["head_dim"]
     q_dim, kv_dim = hp["n_heads"] * head_dim, hp["n_kv_heads"] * head_dim
+    layer = [("attn_norm.weight", (dim,))]
+    if arch == "phi3":  # fused Q/K/V rows
+        layer.append(("attn_qkv.weight", (dim, q_dim + 2 * kv_dim)))
+    else:
+        layer += [("attn_q.weight", (dim, q_dim)), ("attn_k.weight", (dim, kv_dim)), ("attn_v.weight", (dim, kv_dim))]
+    if arch == "qwen2":
+        layer += [("attn_q.bias", (q_dim,)), ("attn_k.bias", (kv_dim,)), ("attn_v.bias", (kv_dim,))]
+    if arch in ("gemma3", "qwen3"):
+        layer += [("attn_q_norm.weight", (head_dim,)), ("attn_k_norm.weight", (head_dim,))]
+    layer.append(("attn_output.weight", (q_dim, dim)))
+    if arch == "gemma3":
+        layer.append(("post_attention_norm.weight", (dim,)))
+    layer.append(("ffn_norm.weight", (dim,)))
+    if arch == "phi3":  # gate rows, then up rows
+        layer.append(("ffn_up.weight", (dim, 2 * ff)))
+    else:
+        layer += [("ffn_gate.weight", (dim, ff)), ("ffn_up.weight", (dim, ff))]
+    layer.append(("ffn_down.weight", (ff, dim)))
+    if arch == "gemma3":
+        layer.append(("post_ffw_norm.weight", (dim,)))
+    return layer
+
+
+def tensor_specs(arch: str, hp: dict, n_vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, ggml shape (ne0, ne1), kind) in file order; kind is norm, bias, factors, embd or matrix."""
+    dim = hp["dim"]
     specs = [("token_embd.weight", (dim, n_vocab), "embd"), ("output_norm.weight", (dim,), "norm")]
     if not hp["tied"]:
         specs.append(("output.weight", (dim, n_vocab), "matrix"))
+    if hp.get("longrope"):
+        half = hp["rope_dims"] // 2
+        specs += [("rope_factors_long.weight", (half,), "factors"), ("rope_factors_short.weight", (half,), "factors")]
     for i in range(hp["n_layers"]):
-        layer = [("attn_norm", (dim,)), ("attn_q", (dim, q_dim)), ("attn_k", (dim, kv_dim)), ("attn_v", (dim, kv_dim))]
-        if arch == "gemma3":
-            layer += [("attn_q_norm", (head_dim,)), ("attn_k_norm", (head_dim,))]
-        layer.append(("attn_output", (q_dim, dim)))
-        if arch == "gemma3":
-            layer.append(("post_attention_norm", (dim,)))
-        layer += [("ffn_norm", (dim,)), ("ffn_gate", (dim, ff)), ("ffn_up", (dim, ff)), ("ffn_down", (ff, dim))]
-        if arch == "gemma3":
-            layer.append(("post_ffw_norm", (dim,)))
-        specs += [(f"blk.{i}.{n}.weight", shape, "norm" if len(shape) == 1 else "matrix") for n, shape in layer]
+        for name, shape in layer_specs(arch, hp):
+            kind = "matrix" if len(shape) == 2 else "bias" if name.endswith(".bias") else "norm"
+            specs.append((f"blk.{i}.{name}", shape, kind))
     return specs
 
 
 def add_hparams(w: GGUFWriter, arch: str, hp: dict, n_vocab: int) -> None:
-    w.add_string("general.name", f"tiny-{arch}")
+    family, arch = arch, GGUF_ARCH.get(arch, arch)
+    w.add_string("general.name", f"tiny-{family}")
     w.add_uint32(f"{arch}.context_length", hp["n_ctx"])
     w.add_uint32(f"{arch}.embedding_length", hp["dim"])
     w.add_uint32(f"{arch}.block_count", hp["n_layers"])
@@ -281,14 +194,20 @@ def add_hparams(w: GGUFWriter, arch: str, hp: dict, n_vocab: int) -> None:
     w.add_uint32(f"{arch}.attention.head_count_kv", hp["n_kv_heads"])
     w.add_float32(f"{arch}.rope.freq_base", hp["rope_theta"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hp["norm_eps"])
+    if arch in ("llama", "phi3") or hp["rope_dims"] != hp["head_dim"]:
+        w.add_uint32(f"{arch}.rope.dimension_count", hp["rope_dims"])
     if arch == "llama":
-        w.add_uint32("llama.rope.dimension_count", hp["head_dim"])
         w.add_uint32("llama.vocab_size", n_vocab)
     if arch == "gemma3" or hp["head_dim"] * hp["n_heads"] != hp["dim"]:
         w.add_uint32(f"{arch}.attention.key_length", hp["head_dim"])
         w.add_uint32(f"{arch}.attention.value_length", hp["head_dim"])
-    if arch == "gemma3":
-        w.add_uint32("gemma3.attention.sliding_window", hp["sliding_window"])
+    if hp.get("sliding_window"):
+        w.add_uint32(f"{arch}.attention.sliding_window", hp["sliding_window"])
+    if hp.get("longrope"):  # as the converter writes Phi-3's LongRoPE: the factors are tensors
+        n_orig = hp["longrope"]
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", n_orig)
+        scale = hp["n_ctx"] / n_orig
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(n_orig)))
     file_type = FILE_TYPES.get(hp["weight_type"], "MOSTLY_" + hp["weight_type"])
     w.add_uint32("general.file_type", int(LlamaFileType[file_type]))
     w.add_uint32("general.quantization_version", 2)
@@ -302,6 +221,10 @@ def check_hparams(arch: str, hp: dict) -> None:
             raise ValueError(f"{key} {hp[key]!r} is not one of {WEIGHT_TYPES}")
     if hp["n_heads"] % hp["n_kv_heads"]:
         raise ValueError(f"n_heads={hp['n_heads']} is not a multiple of n_kv_heads={hp['n_kv_heads']}")
+    if hp["rope_dims"] % 2 or not 0 < hp["rope_dims"] <= hp["head_dim"]:
+        raise ValueError(f"rope_dims={hp['rope_dims']} must be even and in 2..head_dim={hp['head_dim']}")
+    if hp.get("longrope") and (arch != "phi3" or not 1 < hp["longrope"] < hp["n_ctx"]):
+        raise ValueError("longrope (the original context length) is for phi3 and must be in 2..n_ctx-1")
     quantized = {hp["weight_type"], hp["embd_type"]} - {"F32", "F16", "BF16"}
     for name, ne0 in (("dim", hp["dim"]), ("n_heads*head_dim", hp["n_heads"] * hp["head_dim"]), ("ff", hp["ff"])):
         if quantized and ne0 % 32:
@@ -313,31 +236,35 @@ def make_tiny_model(path, arch: str = "llama", weight_type: str = "F32", n_layer
                     n_ctx: int = 256, seed: int = 0, **overrides) -> Path:
     """Write a tiny random `arch` model to `path` and return the path.
 
-    overrides: tied (llama default False: writes output.weight; gemma3 True), rope_theta,
-    norm_eps, sliding_window (gemma3, default 8), embd_type (token_embd's type, default
-    weight_type) and metadata ({key: value} added last; str, bool, int (u32), float (f32)).
+    overrides: tied (writes no output.weight; default per ARCH_DEFAULTS), rope_theta,
+    norm_eps, sliding_window (gemma3 and mistral default 8), embd_type (token_embd's type,
+    default weight_type), rope_dims (partial rotary: RoPE on the first rope_dims of a head,
+    default head_dim), longrope (phi3: the original context length; writes LongRoPE
+    factors and attn_factor as the converter does) and metadata ({key: value} added last;
+    str, bool, int (u32), float (f32)), e.g. {"qwen2.rope.scaling.type": "yarn", ...}.
     """
     unknown = set(overrides) - set(OVERRIDES)
     if unknown:
         raise TypeError(f"unknown overrides {sorted(unknown)}; known: {OVERRIDES}")
     hp = dict(ARCH_DEFAULTS.get(arch, {}), dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-              ff=ff, n_ctx=n_ctx, weight_type=weight_type, embd_type=overrides.get("embd_type", weight_type))
+              ff=ff, n_ctx=n_ctx, weight_type=weight_type, embd_type=overrides.get("embd_type", weight_type),
+              rope_dims=head_dim)
     hp.update({k: v for k, v in overrides.items() if k not in ("embd_type", "metadata")})
     hp["n_layers"] = n_layers if n_layers is not None else hp.get("n_layers", 2)
     check_hparams(arch, hp)
-    vocab = bpe_vocab() if arch == "llama" else spm_vocab()
+    vocab = vocab_for(arch)
     n_vocab = len(vocab["tokens"])
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
     add_hparams(w, arch, hp, n_vocab)
     add_tokenizer(w, vocab)
     for key, value in overrides.get("metadata", {}).items():
         _add_raw(w, key, value)
     # gemma3 scales embeddings by sqrt(dim) at run time, so its rows are 1/sqrt(dim) here
-    embd_std = 1.0 if arch == "llama" else dim ** -0.5
+    embd_std = dim ** -0.5 if arch == "gemma3" else 1.0
     for name, shape, kind in tensor_specs(arch, hp, n_vocab):
-        if kind == "norm":
-            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32))
+        if kind in ("norm", "bias", "factors"):
+            w.add_tensor(name, _vector(kind, shape[0], rng))
             continue
         ne0, ne1 = shape
         std = embd_std if kind == "embd" else ne0 ** -0.5
@@ -349,6 +276,15 @@ def make_tiny_model(path, arch: str = "llama", weight_type: str = "F32", n_layer
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def _vector(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """A norm weight near 1, a bias of O(0.5), or LongRoPE divisors in [1, 4)."""
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    if kind == "bias":
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+    return (1.0 + 3.0 * rng.random(n)).astype(np.float32)
 
 
 def _add_raw(w: GGUFWriter, key: str, value) -> None:
@@ -370,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", choices=sorted(ARCH_DEFAULTS), default="llama")
     p.add_argument("--type", dest="weight_type", choices=WEIGHT_TYPES, default="F32", help="type of the matrices")
     p.add_argument("--embd-type", choices=WEIGHT_TYPES, help="type of token_embd (default: --type)")
-    p.add_argument("--layers", dest="n_layers", type=int, help="default: 2 for llama, 7 for gemma3")
+    p.add_argument("--layers", dest="n_layers", type=int, help="default: 7 for gemma3, else 2")
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--heads", dest="n_heads", type=int, default=4)
     p.add_argument("--kv-heads", dest="n_kv_heads", type=int, default=2)
@@ -378,10 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ff", type=int, default=128)
     p.add_argument("--ctx", dest="n_ctx", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tied", action=argparse.BooleanOptionalAction, help="omit output.weight (gemma3 always)")
-    p.add_argument("--sliding-window", type=int, help="gemma3 local attention window (default 8)")
+    p.add_argument("--tied", action=argparse.BooleanOptionalAction, help="omit output.weight (default: per arch)")
+    p.add_argument("--sliding-window", type=int, help="gemma3 / mistral attention window (default 8)")
+    p.add_argument("--rope-dims", type=int, help="partial rotary: RoPE on the first N dims of a head")
+    p.add_argument("--longrope", type=int, metavar="N_CTX_ORIG", help="phi3: LongRoPE factors, original context")
     args = vars(p.parse_args(argv))
-    optional = {k: args.pop(k) for k in ("embd_type", "tied", "sliding_window")}
+    optional = {k: args.pop(k) for k in ("embd_type", "tied", "sliding_window", "rope_dims", "longrope")}
     overrides = {k: v for k, v in optional.items() if v is not None}
     try:
         path = make_tiny_model(**args, **overrides)

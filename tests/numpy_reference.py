@@ -59,15 +59,51 @@ def cache_round(x: np.ndarray, cache_type: str, largest: bool) -> np.ndarray:
     return (y.reshape(-1, n) @ h).reshape(x.shape) if n else y
 
 
+def _split_fused(w: dict[str, np.ndarray], hp) -> None:
+    """Phi-3's fused attn_qkv (rows Q, K, V) and ffn_up (rows gate, up) as separate weights."""
+    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    for i in range(hp.n_layers):
+        p = f"blk.{i}."
+        if p + "attn_qkv.weight" in w:
+            qkv = w.pop(p + "attn_qkv.weight")
+            w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = np.split(
+                qkv, [q_dim, q_dim + kv_dim])
+        if p + "ffn_gate.weight" not in w:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = np.split(w[p + "ffn_up.weight"], 2)
+
+
 class ReferenceModel:
     """cache_type_k / cache_type_v: the cache types whose rounding K and V go through
-    (`cache_round`); f32 = none."""
+    (`cache_round`); f32 = none. n_ctx: the session's context size, which picks Phi-3's
+    long or short LongRoPE factors. RoPE scaling is read from the GGUF's keys here, as
+    llama.cpp applies it (linear, YaRN with beta 32/1, attn_factor), in float64."""
 
-    def __init__(self, path, cache_type_k: str = "f32", cache_type_v: str = "f32"):
+    def __init__(self, path, cache_type_k: str = "f32", cache_type_v: str = "f32", n_ctx: int = 0):
         g = GGUFFile(path)
-        self.hp = build_model(g).hp
+        self.hp = hp = build_model(g).hp
         self.w = _weights(g)
+        _split_fused(self.w, hp)
         self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+        self._rope_setup(g, n_ctx)
+
+    def _rope_setup(self, g: GGUFFile, n_ctx: int) -> None:
+        hp, arch = self.hp, self.hp.arch
+        half = hp.rope_dims // 2
+        n_orig = g.get(f"{arch}.rope.scaling.original_context_length") or hp.n_ctx_train
+        self.factors = self.w.get("rope_freqs.weight", np.ones(half))
+        if "rope_factors_long.weight" in self.w:
+            self.factors = self.w["rope_factors_long.weight" if n_ctx > n_orig else "rope_factors_short.weight"]
+        kind = g.get(f"{arch}.rope.scaling.type", "linear")
+        factor = g.get(f"{arch}.rope.scaling.factor", 0.0) or 1.0
+        self.freq_scale = 1.0 if kind == "none" else 1.0 / factor
+        self.mscale = float(g.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+        self.ramp = np.zeros(half)
+        if kind == "yarn":  # ggml's rope_yarn: mix towards the unscaled angle below the corrected dims
+            def corr(beta):
+                return hp.rope_dims * np.log(n_orig / (beta * 2 * np.pi)) / (2 * np.log(hp.rope_theta))
+            lo, hi = max(0.0, np.floor(corr(32.0))), min(hp.rope_dims - 1.0, np.ceil(corr(1.0)))
+            self.ramp = 1 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0, 1)
+            self.mscale *= 1 + 0.1 * np.log(factor)
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
         """x @ W^T for the weight `name` (dequantized by gguf.quants)."""
@@ -82,17 +118,61 @@ class ReferenceModel:
     def _rope(self, x, pos, theta):
         hp = self.hp
         half = hp.rope_dims // 2
-        inv = hp.rope_freq_scale * theta ** (-np.arange(half) * 2.0 / hp.rope_dims)
+        extrap = theta ** (-np.arange(half) * 2.0 / hp.rope_dims) / self.factors
+        inv = self.freq_scale * extrap * (1 - self.ramp) + extrap * self.ramp
         ang = pos[:, None, None] * inv[None, None, :]
-        c, s = np.cos(ang), np.sin(ang)
+        c, s = np.cos(ang) * self.mscale, np.sin(ang) * self.mscale
         out = x.copy()
-        if hp.rope_mode == 2:  # NEOX: halves
+        if hp.rope_mode == 2:  # NEOX: halves of the first rope_dims
             a, b = x[..., :half], x[..., half : 2 * half]
             out[..., :half], out[..., half : 2 * half] = a * c - b * s, a * s + b * c
         else:  # NORM: adjacent pairs
             a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
             out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = a * c - b * s, a * s + b * c
         return out
+
+    def theta(self, layer: int) -> float:
+        hp = self.hp
+        return hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
+
+    def embed(self, tokens) -> np.ndarray:
+        hp = self.hp
+        return self.w["token_embd.weight"][np.asarray(tokens)] * (hp.embed_scale if hp.arch == "gemma3" else 1.0)
+
+    def qkv(self, i: int, x: np.ndarray, pos: np.ndarray):
+        """Layer i's roped Q and cache-rounded K, V for the residual rows x at positions pos."""
+        hp, w, n, p = self.hp, self.w, x.shape[0], f"blk.{i}."
+        h = self._rms(x, w[p + "attn_norm.weight"])
+        q, k, v = (self._mm(h, p + f"attn_{c}.weight") + w.get(p + f"attn_{c}.bias", 0.0) for c in "qkv")
+        q, k = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
+        if p + "attn_q_norm.weight" in w:  # gemma3, qwen3
+            q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
+        q, k = self._rope(q, pos, self.theta(i)), self._rope(k, pos, self.theta(i))
+        k, v = self.round_kv(k, v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
+        return q, k, v
+
+    def finish(self, i: int, x: np.ndarray, att: np.ndarray, gelu=None) -> np.ndarray:
+        """The residual stream after layer i, given its attention output att: [n, n_heads * head_dim_v]."""
+        w, p, gemma = self.w, f"blk.{i}.", self.hp.arch == "gemma3"
+        o = self._mm(att, p + "attn_output.weight")
+        x = x + (self._rms(o, w[p + "post_attention_norm.weight"]) if gemma else o)
+        h = self._rms(x, w[p + "ffn_norm.weight"])
+        a, b = self._mm(h, p + "ffn_gate.weight"), self._mm(h, p + "ffn_up.weight")
+        if gemma:
+            act = gelu(a) if gelu else 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
+        else:
+            act = a / (1 + np.exp(-a))
+        f = self._mm(act * b, p + "ffn_down.weight")
+        return x + (self._rms(f, w[p + "post_ffw_norm.weight"]) if gemma else f)
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        hp, w = self.hp, self.w
+        logits = self._mm(self._rms(x, w["output_norm.weight"]),
+                          "output.weight" if "output.weight" in w else "token_embd.weight")
+        logits = logits + w.get("output.bias", 0.0)
+        if hp.final_softcap:
+            logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
+        return logits
 
     def _attention(self, q, k, v, pos, window):
         hp = self.hp
@@ -111,37 +191,13 @@ class ReferenceModel:
 
     def logits(self, tokens) -> np.ndarray:
         """float64 logits [len(tokens), n_vocab] for positions 0..len-1."""
-        hp, w = self.hp, self.w
-        n, pos = len(tokens), np.arange(len(tokens), dtype=np.float64)
-        gemma = hp.arch == "gemma3"
-        x = w["token_embd.weight"][np.asarray(tokens)] * (hp.embed_scale if gemma else 1.0)
+        hp = self.hp
+        pos = np.arange(len(tokens), dtype=np.float64)
+        x = self.embed(tokens)
         for i in range(hp.n_layers):
-            p = f"blk.{i}."
-            h = self._rms(x, w[p + "attn_norm.weight"])
-            q = self._mm(h, p + "attn_q.weight").reshape(n, hp.n_heads, hp.head_dim)
-            k = self._mm(h, p + "attn_k.weight").reshape(n, hp.n_kv_heads, hp.head_dim)
-            v = self._mm(h, p + "attn_v.weight").reshape(n, hp.n_kv_heads, hp.head_dim_v)
-            if gemma:
-                q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
-            local = hp.local_layers[i]
-            theta = hp.rope_theta_local if local else hp.rope_theta
-            q, k = self._rope(q, pos, theta), self._rope(k, pos, theta)
-            k, v = self.round_kv(k, v)
-            o = self._mm(self._attention(q, k, v, pos, hp.window if local else 0), p + "attn_output.weight")
-            x = x + (self._rms(o, w[p + "post_attention_norm.weight"]) if gemma else o)
-            h = self._rms(x, w[p + "ffn_norm.weight"])
-            a, b = self._mm(h, p + "ffn_gate.weight"), self._mm(h, p + "ffn_up.weight")
-            if gemma:
-                act = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
-            else:
-                act = a / (1 + np.exp(-a))
-            f = self._mm(act * b, p + "ffn_down.weight")
-            x = x + (self._rms(f, w[p + "post_ffw_norm.weight"]) if gemma else f)
-        out_name = "output.weight" if "output.weight" in w else "token_embd.weight"
-        logits = self._mm(self._rms(x, w["output_norm.weight"]), out_name)
-        if hp.final_softcap:
-            logits = hp.final_softcap * np.tanh(logits / hp.final_softcap)
-        return logits
+            q, k, v = self.qkv(i, x, pos)
+            x = self.finish(i, x, self._attention(q, k, v, pos, hp.window if hp.local_layers[i] else 0))
+        return self.output(x)
 
 
 def _ggml_gelu(a: np.ndarray) -> np.ndarray:
@@ -163,36 +219,23 @@ class ReferenceSession:
         self.v = [np.zeros((0, hp.n_kv_heads, hp.head_dim_v)) for _ in range(hp.n_layers)]
         self.pos = np.zeros(0)
 
-    def _theta(self, layer):
-        hp = self.m.hp
-        return hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
-
     def discard(self, n_keep: int, n_discard: int) -> None:
         keep = np.r_[0:n_keep, n_keep + n_discard : len(self.pos)]
         moved = keep >= n_keep + n_discard
         for i in range(self.m.hp.n_layers):
             k = self.k[i][keep]
-            k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self._theta(i))
+            k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self.m.theta(i))
             k[moved] = cache_round(k[moved], self.m.cache_type_k, largest=True)  # re-stored after the shift
             self.k[i], self.v[i] = k, self.v[i][keep]
         self.pos = np.arange(len(keep), dtype=np.float64)
 
     def step(self, token: int) -> np.ndarray:
-        m, hp, w = self.m, self.m.hp, self.m.w
-        gemma = hp.arch == "gemma3"
+        m, hp = self.m, self.m.hp
         p = float(len(self.pos))
         self.pos = np.append(self.pos, p)
-        x = w["token_embd.weight"][[token]] * (hp.embed_scale if gemma else 1.0)
+        x = m.embed([token])
         for i in range(hp.n_layers):
-            b = f"blk.{i}."
-            h = m._rms(x, w[b + "attn_norm.weight"])
-            q = m._mm(h, b + "attn_q.weight").reshape(1, hp.n_heads, hp.head_dim)
-            k = m._mm(h, b + "attn_k.weight").reshape(1, hp.n_kv_heads, hp.head_dim)
-            v = m._mm(h, b + "attn_v.weight").reshape(1, hp.n_kv_heads, hp.head_dim_v)
-            if gemma:
-                q, k = m._rms(q, w[b + "attn_q_norm.weight"]), m._rms(k, w[b + "attn_k_norm.weight"])
-            q, k = m._rope(q, np.array([p]), self._theta(i)), m._rope(k, np.array([p]), self._theta(i))
-            k, v = m.round_kv(k, v)
+            q, k, v = m.qkv(i, x, np.array([p]))
             self.k[i], self.v[i] = np.concatenate([self.k[i], k]), np.concatenate([self.v[i], v])
             window = hp.window if hp.local_layers[i] else 0
             vis = (p - self.pos) < window if window else np.ones(len(self.pos), bool)
@@ -202,13 +245,5 @@ class ReferenceSession:
                 sc = self.k[i][vis, hh // group] @ q[0, hh] * hp.attn_scale
                 e = np.exp(sc - sc.max())
                 o[hh] = e @ self.v[i][vis, hh // group] / e.sum()
-            o = m._mm(o.reshape(1, -1), b + "attn_output.weight")
-            x = x + (m._rms(o, w[b + "post_attention_norm.weight"]) if gemma else o)
-            h = m._rms(x, w[b + "ffn_norm.weight"])
-            a, c = m._mm(h, b + "ffn_gate.weight"), m._mm(h, b + "ffn_up.weight")
-            act = _ggml_gelu(a) if gemma else a / (1 + np.exp(-a))
-            f = m._mm(act * c, b + "ffn_down.weight")
-            x = x + (m._rms(f, w[b + "post_ffw_norm.weight"]) if gemma else f)
-        out_name = "output.weight" if "output.weight" in w else "token_embd.weight"
-        logits = m._mm(m._rms(x, w["output_norm.weight"]), out_name)
-        return logits[0]
+            x = m.finish(i, x, o.reshape(1, -1), gelu=_ggml_gelu)
+        return m.output(x)[0]

@@ -13,6 +13,7 @@ from gguf.quants import dequantize
 from edgekv.gguf import GGUFFile
 
 from edgekv import tiny_model as mtm  # noqa: E402
+from edgekv import tiny_vocab  # noqa: E402
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 K_DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512)  # every row a multiple of 256
 # relative RMS error of a quantize -> dequantize round trip of normal(0, 1) rows
@@ -83,7 +84,7 @@ def test_llama_metadata_and_bpe_tokenizer(tmp_path):
     assert (f.require("tokenizer.ggml.model"), f.require("tokenizer.ggml.pre")) == ("gpt2", "smollm")
     assert tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] and types[:3] == [3, 3, 3]
     assert (f.require("tokenizer.ggml.bos_token_id"), f.require("tokenizer.ggml.eos_token_id")) == (1, 2)
-    assert tokens[3:3 + 256] == [c for _, c in mtm.gpt2_byte_chars()]
+    assert tokens[3:3 + 256] == [c for _, c in tiny_vocab.gpt2_byte_chars()]
     assert tokens[3] == "!" and "Ġ" in tokens and "Ā" in tokens  # byte 0x20 is Ġ, 0x00 is Ā
     merges = f.require("tokenizer.ggml.merges")
     assert 24 <= len(merges) <= 64

@@ -39,7 +39,8 @@ def test_rope_matches_rotation_of_pairs(mode):
     x = rng.normal(size=(n, heads, hd)).astype(np.float32)
     cos = np.empty((n, hd // 2), np.float32)
     sin = np.empty_like(cos)
-    ops.rope_tables(pos, hd, np.float32(base), np.float32(1.0), np.ones(hd // 2, np.float32), cos, sin)
+    ops.rope_tables(pos, hd, np.float32(base), np.float32(1.0), np.float32(0.0), np.float32(1.0), np.float32(0.0),
+                    np.float32(0.0), np.ones(hd // 2, np.float32), cos, sin)
     y = x.copy()
     ops.rope_apply(y, cos, sin, mode)
     ang = pos[:, None, None] * base ** (-np.arange(hd // 2) * 2.0 / hd)

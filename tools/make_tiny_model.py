@@ -1,4 +1,4 @@
-"""Write a tiny random-weight GGUF model (llama or gemma3) for tests: edgekv.tiny_model's CLI.
+"""Write a tiny random-weight GGUF model (llama, mistral, gemma3, qwen2, qwen3, phi3) for tests: edgekv.tiny_model's CLI.
 
     python tools/make_tiny_model.py tiny.gguf --arch gemma3 --type Q8_0
 """

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
+
+if TYPE_CHECKING:
+    from ..models.rope import RopeScaling
 
 
 @dataclass
@@ -83,10 +86,10 @@ class Backend(ABC):
         """RMS norm of every head in place: x f32[n, n_heads, head_dim], weight f32[head_dim]."""
 
     @abstractmethod
-    def rope_tables(self, positions: np.ndarray, n_rot: int, theta: float, freq_scale: float,
+    def rope_tables(self, positions: np.ndarray, n_rot: int, theta: float, scaling: RopeScaling,
                     freq_factors: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
-        """cos, sin: f32[n, n_rot / 2] for positions i32[n] (base theta, linear scaling
-        freq_scale, per-dimension divisors freq_factors f32[n_rot / 2])."""
+        """cos, sin: f32[n, n_rot / 2] for positions i32[n] (base theta, the model's RoPE
+        scaling, per-dimension divisors freq_factors f32[n_rot / 2])."""
 
     @abstractmethod
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int) -> None:
@@ -103,6 +106,10 @@ class Backend(ABC):
     @abstractmethod
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         """x += y, f32[n, dim]."""
+
+    @abstractmethod
+    def add_bias(self, x: np.ndarray, b: np.ndarray) -> None:
+        """x[t] += b for every row t: x f32[n, d], b f32[d] (a projection's bias)."""
 
     @abstractmethod
     def scale(self, x: np.ndarray, s: float) -> None:

@@ -21,7 +21,7 @@ from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
 from ..kernels.ggml_math import GELU_F16_TABLE
 from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
-from ..kernels.ops import (add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
+from ..kernels.ops import (add_bias, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
                            softcap_inplace)
 from ..kernels.quantize import store_rows
 from . import kernel_map
@@ -72,8 +72,10 @@ class CPUBackend(Backend):
     def rms_norm_heads(self, x, weight, eps) -> None:
         rms_norm_heads(x, weight, np.float32(eps))
 
-    def rope_tables(self, positions, n_rot, theta, freq_scale, freq_factors, cos, sin) -> None:
-        rope_tables(positions, n_rot, np.float32(theta), np.float32(freq_scale), freq_factors, cos, sin)
+    def rope_tables(self, positions, n_rot, theta, scaling, freq_factors, cos, sin) -> None:
+        lo, hi = scaling.corr_dims(n_rot, theta)
+        rope_tables(positions, n_rot, np.float32(theta), np.float32(scaling.freq_scale), np.float32(scaling.ext_factor),
+                    np.float32(scaling.mscale()), np.float32(lo), np.float32(hi), freq_factors, cos, sin)
 
     def rope(self, x, cos, sin, mode) -> None:
         rope_apply(x, cos, sin, mode)
@@ -86,6 +88,9 @@ class CPUBackend(Backend):
 
     def add(self, x, y) -> None:
         add_inplace(x, y)
+
+    def add_bias(self, x, b) -> None:
+        add_bias(x, b)
 
     def scale(self, x, s) -> None:
         x *= np.float32(s)

@@ -58,16 +58,25 @@ def rms_norm_heads(x, weight, eps):
 
 
 @nb.njit(**JIT_FLAGS)
-def rope_tables(positions, n_rot, freq_base, freq_scale, freq_factors, cos_out, sin_out):
+def rope_tables(positions, n_rot, freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi, freq_factors,
+                cos_out, sin_out):
     # positions: i32[n]; freq_factors: f32[n_rot/2] (ones when the model has none)
-    # cos_out, sin_out: f32[n, n_rot/2]; theta_i = pos * base^(-2i/n_rot) * scale / factor_i
+    # cos_out, sin_out: f32[n, n_rot/2], as ggml_rope_cache_init / rope_yarn: per pair i the
+    # unscaled angle pos * base^(-2i/n_rot) / factor_i, times freq_scale; with YaRN
+    # (ext_factor != 0) mixed back towards the unscaled angle by a ramp between corr_lo and
+    # corr_hi; cos and sin times mscale (models/rope.py RopeScaling.mscale)
     theta_scale = np.float32(freq_base ** (-2.0 / n_rot))
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(n_rot // 2):
-            th = np.float32(freq_scale) * theta / freq_factors[i]
-            cos_out[t, i] = math.cos(th)
-            sin_out[t, i] = math.sin(th)
+            extrap = np.float32(theta / freq_factors[i])
+            th = np.float32(freq_scale * extrap)
+            if ext_factor != 0.0:
+                y = np.float32((np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo))
+                ramp = np.float32((np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * ext_factor)
+                th = np.float32(th * (np.float32(1.0) - ramp) + extrap * ramp)
+            cos_out[t, i] = np.float32(math.cos(th)) * mscale
+            sin_out[t, i] = np.float32(math.sin(th)) * mscale
             theta = np.float32(theta * theta_scale)
 
 
@@ -131,6 +140,15 @@ def add_inplace(x, y):
     for t in range(n):
         for i in range(d):
             x[t, i] += y[t, i]
+
+
+@nb.njit(**JIT_FLAGS)
+def add_bias(x, b):
+    # x[t] += b, x: f32[n, d], b: f32[d]
+    n, d = x.shape
+    for t in range(n):
+        for i in range(d):
+            x[t, i] += b[i]
 
 
 @nb.njit(**JIT_FLAGS)

@@ -12,8 +12,11 @@ from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
 from .gemma3 import Gemma3Model
 from .llama import LlamaModel
+from .phi3 import Phi3Model
+from .qwen2 import Qwen2Model
+from .qwen3 import Qwen3Model
 
-ARCHITECTURES = {cls.arch: cls for cls in (LlamaModel, Gemma3Model)}
+ARCHITECTURES = {cls.arch: cls for cls in (LlamaModel, Gemma3Model, Qwen2Model, Qwen3Model, Phi3Model)}
 
 
 def build_model(g: GGUFFile, backend: Backend | str | None = None):

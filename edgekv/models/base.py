@@ -20,6 +20,7 @@ from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
 from ..quants import QUANT_TYPES, dequantize
+from .rope import RopeScaling, read_rope_scaling
 
 
 @dataclass
@@ -38,7 +39,7 @@ class HParams:
     rope_mode: int
     rope_theta: float
     rope_dims: int
-    rope_freq_scale: float = 1.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     rope_theta_local: float = 0.0  # sliding-window layers' RoPE base (gemma3)
     window: int = 0  # sliding-window size of local layers, 0 = none
     local_layers: tuple[bool, ...] = ()
@@ -82,6 +83,7 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
     dim, n_heads = read_int(g, f"{arch}.embedding_length"), read_int(g, f"{arch}.attention.head_count")
     head_dim = read_int(g, f"{arch}.attention.key_length", dim // n_heads)
     tokens = g.get("tokenizer.ggml.tokens")
+    n_ctx_train = read_int(g, f"{arch}.context_length")
     return dict(
         arch=arch,
         n_vocab=read_int(g, f"{arch}.vocab_size", len(tokens) if tokens is not None else None),
@@ -92,10 +94,11 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
         head_dim=head_dim,
         head_dim_v=read_int(g, f"{arch}.attention.value_length", head_dim),
         ff=read_int(g, f"{arch}.feed_forward_length"),
-        n_ctx_train=read_int(g, f"{arch}.context_length"),
+        n_ctx_train=n_ctx_train,
         norm_eps=read_float(g, f"{arch}.attention.layer_norm_rms_epsilon", norm_eps),
         rope_theta=read_float(g, f"{arch}.rope.freq_base", rope_theta),
         rope_dims=read_int(g, f"{arch}.rope.dimension_count", head_dim),
+        rope_scaling=read_rope_scaling(g, arch, n_ctx_train),
     )
 
 
@@ -126,11 +129,25 @@ class WeightLoader:
         info = self._info(name, (n,))
         return np.ascontiguousarray(dequantize(info.data, info.ggml_type, (n,)), dtype=np.float32).reshape(n)
 
+    def bias(self, name: str, n: int) -> np.ndarray | None:
+        """An optional 1-D tensor (a projection's bias) as float32, None when absent."""
+        return self.vector(name, n) if self.has(name) else None
+
     def matrix(self, name: str, n_cols: int, n_rows: int):
         """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
         info = self._info(name, (n_cols, n_rows))
         # the file pages go as soon as each piece is repacked: peak memory ~ the repacked weights
         return self.backend.weight(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages)
+
+    def split_matrix(self, name: str, n_cols: int, parts: tuple[int, ...]) -> list:
+        """A fused weight (Phi-3's attn_qkv, ffn_up) as one backend weight per consecutive
+        block of rows: parts are the blocks' row counts. Rows are independent, so the
+        pieces compute exactly what the fused matrix would."""
+        info = self._info(name, (n_cols, sum(parts)))
+        rows = info.data.reshape(sum(parts), -1)
+        bounds = np.cumsum((0,) + parts)
+        return [self.backend.weight(rows[a:b].reshape(-1), info.ggml_type, int(b - a), n_cols)
+                for a, b in zip(bounds[:-1], bounds[1:])]
 
     def embeddings_and_output(self, hp: HParams) -> tuple:
         """token_embd, output_norm and output; output is the embedding when the GGUF has
@@ -183,6 +200,11 @@ class Decoder:
     backend: Backend
     freq_factors: np.ndarray
 
+    def rope_factors(self, n_ctx: int) -> np.ndarray:
+        """RoPE's per-dimension frequency divisors for a session of n_ctx tokens (Phi-3's
+        LongRoPE picks its long or short set by n_ctx; the others have one)."""
+        return self.freq_factors
+
     def attend(self, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                out: np.ndarray, scale: float) -> None:
         """Write this chunk's K/V (q, k, v: f32[n, heads * head_dim]) into the slots `res`
@@ -194,11 +216,12 @@ class Decoder:
                             v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v),
                             scale, s)
 
-    def fill_rope(self, s: Scratch, kind: str, positions: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    def fill_rope(self, s: Scratch, kind: str, positions: np.ndarray, theta: float,
+                  n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin: f32[n, rope_dims / 2] for positions, in the scratch's `kind` buffers."""
         n = positions.shape[0]
         cos, sin = s.cos[kind][:n], s.sin[kind][:n]
-        self.backend.rope_tables(positions, self.hp.rope_dims, theta, self.hp.rope_freq_scale, self.freq_factors,
+        self.backend.rope_tables(positions, self.hp.rope_dims, theta, self.hp.rope_scaling, self.rope_factors(n_ctx),
                                  cos, sin)
         return cos, sin
 
@@ -211,15 +234,17 @@ class Decoder:
         if self.hp.final_softcap:
             be.softcap(logits, self.hp.final_softcap)
 
-    def shift_keys(self, layer: int, k: np.ndarray, delta: int) -> None:
+    def shift_keys(self, layer: int, k: np.ndarray, delta: int, n_ctx: int = 0) -> None:
         """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
-        delta (a RoPE rotation composes additively in the position), with the layer's base."""
+        delta (a RoPE rotation composes additively in the position), with the layer's base
+        and the RoPE factors of a session of n_ctx tokens. With a RoPE magnitude factor
+        (YaRN, LongRoPE) llama.cpp's shift multiplies the keys by it again; so does this."""
         hp, m = self.hp, k.shape[0]
         theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
         half = hp.rope_dims // 2
         cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
-        self.backend.rope_tables(np.full(m, delta, np.int32), hp.rope_dims, theta, hp.rope_freq_scale,
-                                 self.freq_factors, cos, sin)
+        self.backend.rope_tables(np.full(m, delta, np.int32), hp.rope_dims, theta, hp.rope_scaling,
+                                 self.rope_factors(n_ctx), cos, sin)
         self.backend.rope(k, cos, sin, hp.rope_mode)
 
 

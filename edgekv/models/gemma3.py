@@ -39,6 +39,7 @@ def read_hparams(g: GGUFFile) -> HParams:
 
 class Gemma3Model(Decoder):
     arch = ARCH
+    read_hparams = staticmethod(read_hparams)
 
     def __init__(self, g: GGUFFile, backend: Backend):
         self.hp = hp = read_hparams(g)
@@ -58,8 +59,8 @@ class Gemma3Model(Decoder):
         q, k, v, att, gate, up = s.q[:n], s.k[:n], s.v[:n], s.att[:n], s.gate[:n], s.up[:n]
         be.embed(self.tok_embd, tokens, x)
         be.scale(x, hp.embed_scale)
-        rope = {"global": self.fill_rope(s, "global", res.positions, hp.rope_theta),
-                "local": self.fill_rope(s, "local", res.positions, hp.rope_theta_local)}
+        rope = {"global": self.fill_rope(s, "global", res.positions, hp.rope_theta, cache.capacity),
+                "local": self.fill_rope(s, "local", res.positions, hp.rope_theta_local, cache.capacity)}
         for il, L in enumerate(self.layers):
             cos, sin = rope["local" if hp.local_layers[il] else "global"]
             be.rms_norm(x, L.attn_norm, hp.norm_eps, h)
