@@ -20,9 +20,12 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 |                           | its integer sums on dot_k_ir.py             |                                    |                                   |
 | F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
-Bit-exact with llama.cpp's x86 build: the whole n < 64 column, on both backends and on
-every CPU (the VNNI, sdot and portable kernels give the same bits: tests/test_fast_kernels.py,
-and tests/aarch64 under emulation). On Arm edgekv keeps llama.cpp's x86 (AVX-512) float
+Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
+on both backends and on every CPU (the VNNI, sdot and portable kernels give the same bits:
+tests/test_fast_kernels.py, and tests/aarch64 under emulation). Float weights (F32, F16,
+BF16): dot_float sums a row in order, where llama.cpp's llamafile sgemm / ggml_vec_dot sum
+16-lane vectors, so they agree within float32 rounding only (a tiny qwen2 with tied F32
+embeddings, logits up to 98: log-probs 2.2e-3 from llama.cpp's; with Q8_0 weights 1e-5). On Arm edgekv keeps llama.cpp's x86 (AVX-512) float
 order, not its NEON build's (which sums 4-lane vectors in another order, and whose
 expf/softmax differ): one set of bits on every CPU, so a result checked on a desktop holds
 on a Jetson, and the reference ids in tests/reference (made on x86) test Arm too. The batch

@@ -21,7 +21,9 @@ from typing import Any, Iterable, Union
 from ..errors import TokenizerError
 from .bpe import BPEModel
 from .spm import SPACE_ESCAPE, SPMModel
-from .vocab import ATTR_CONTROL, ATTR_UNKNOWN, Vocab
+from .vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, Vocab
+
+C_SPACE = b" \t\n\v\f\r"  # what C's isspace() accepts in the "C" locale: llama.cpp's strip
 
 # A partitioned text: a special token id, or a (start, end) byte range of raw text.
 Fragment = Union[int, tuple[int, int]]
@@ -141,7 +143,7 @@ class Tokenizer:
             needle = vocab.token_bytes(token)
             if needle not in raw:  # cheap filter: fragments are pieces of raw
                 continue
-            fragments = _split_on(raw, fragments, needle, token)
+            fragments = _split_on(raw, fragments, needle, token, vocab.attrs[token])
         return fragments
 
     # -- decoding --------------------------------------------------------------------
@@ -205,8 +207,9 @@ class StreamingDetokenizer:
         return text
 
 
-def _split_on(raw: bytes, fragments: list[Fragment], needle: bytes, token: int) -> list[Fragment]:
-    """Replace each occurrence of `needle` in the text fragments by the token, left to right."""
+def _split_on(raw: bytes, fragments: list[Fragment], needle: bytes, token: int, attr: int) -> list[Fragment]:
+    """Replace each occurrence of `needle` in the text fragments by the token, left to right;
+    a token with ATTR_LSTRIP / ATTR_RSTRIP takes the whitespace before / after it along."""
     out: list[Fragment] = []
     for fragment in fragments:
         if isinstance(fragment, int):
@@ -215,10 +218,17 @@ def _split_on(raw: bytes, fragments: list[Fragment], needle: bytes, token: int) 
         start, end = fragment
         match = raw.find(needle, start, end)
         while match >= 0:
-            if match > start:
-                out.append((start, match))
+            left = match
+            if attr & ATTR_LSTRIP:
+                while left > start and raw[left - 1] in C_SPACE:
+                    left -= 1
+            if left > start:
+                out.append((start, left))
             out.append(token)
             start = match + len(needle)
+            if attr & ATTR_RSTRIP:
+                while start < end and raw[start] in C_SPACE:
+                    start += 1
             match = raw.find(needle, start, end)
         if start < end:
             out.append((start, end))

@@ -26,6 +26,8 @@ ATTR_NORMAL = 1 << 2
 ATTR_CONTROL = 1 << 3
 ATTR_USER_DEFINED = 1 << 4
 ATTR_BYTE = 1 << 5
+ATTR_LSTRIP = 1 << 7  # whitespace before the token is dropped when it is cut out of a text
+ATTR_RSTRIP = 1 << 8  # ... and after it
 
 # GGUF token_type (llama_token_type) -> attribute; anything else is UNDEFINED (0).
 _TYPE_TO_ATTR = {1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED, 5: ATTR_UNUSED, 6: ATTR_BYTE}
@@ -75,6 +77,7 @@ class Vocab:
         # llama.cpp's cache_special_tokens: longest text first (stable on ties here).
         specials = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
         self.special_ids = sorted(specials, key=lambda i: -len(self.token_bytes(i)))
+        self._set_strip_attrs(str(metadata.get("general.name", "")).lower())
         self._pieces: dict[int, bytes] = {}
 
     # -- loading -------------------------------------------------------------------
@@ -163,6 +166,19 @@ class Vocab:
             eog.discard(texts["</s>"])
             self.attrs[texts["</s>"]] = ATTR_NORMAL
         return frozenset(eog)
+
+    def _set_strip_attrs(self, model_name: str) -> None:
+        """llama.cpp's attributes by model name (llama_vocab::impl::load): Phi-3's special
+        tokens swallow the whitespace after them (its tokenizer.json says rstrip), except
+        <unk>, <s> and <|endoftext|>; </s> does too."""
+        if "phi-3" not in model_name and "phi3" not in model_name:
+            return
+        for token in self.special_ids:
+            self.attrs[token] |= ATTR_RSTRIP
+        for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            if text in self.token_to_id:
+                token = self.token_to_id[text]
+                self.attrs[token] = self.attrs[token] | ATTR_RSTRIP if on else self.attrs[token] & ~ATTR_RSTRIP
 
     # -- per-token views -------------------------------------------------------------
 
