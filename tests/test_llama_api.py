@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-import edgekv.api.facade as llama_module
+import edgekv.api.completions as completions_module
 from edgekv import ContextFullError, EdgeKVError, Llama
 
 from edgekv import tiny_model as mtm  # noqa: E402
@@ -314,8 +314,8 @@ def test_response_fields(llm):
 
 def test_sampling_options_reach_the_sampler(llm, monkeypatch):
     seen = []
-    real = llama_module.sampler_for
-    monkeypatch.setattr(llama_module, "sampler_for", lambda **kw: seen.append(kw) or real(**kw))
+    real = completions_module.sampler_for
+    monkeypatch.setattr(completions_module, "sampler_for", lambda **kw: seen.append(kw) or real(**kw))
     options = dict(top_p=0.9, min_p=0.1, top_k=7, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.4,
                    logit_bias={3: 1.0})
     llm("Hi", max_tokens=1, temperature=0.7, seed=11, repeat_last_n=5, **options)

@@ -1,0 +1,182 @@
+"""The completion half of the `Llama` facade: create_completion and create_chat_completion
+(llama-cpp-python's names, defaults and OpenAI-shaped responses) and the generation loop
+under them (prompt fitting, max_tokens, end-of-generation tokens, stop strings, log-probs).
+
+What lives here: `CompletionsMixin`, which `Llama` (facade.py) inherits. It uses the facade's
+session, context manager (`_ctx`), tokenizer and chat formatter. What does not: the session
+and model (facade.py), the response dicts and stop strings (responses.py), log-probs
+(logprobs.py), reasoning text (reasoning.py), the sampler (sampling.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+from ..errors import ContextFullError, EdgeKVError
+from ..sampling import sampler_for, with_banned
+from .compat import SAMPLER_OPTIONS, check_compat
+from .context_growth import continue_after_shift
+from .logprobs import LogprobRecorder, chat_recorder, make_recorder
+from .responses import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
+                        completion_chunks, completion_head, stop_list, text_completion)
+
+
+class CompletionsMixin:
+    """create_completion / create_chat_completion for `Llama`."""
+
+    def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
+                sampling: dict[str, Any], recorder: LogprobRecorder | None = None, ignore_eos: bool = False) -> Pieces:
+        """(text, None, logprobs) pieces of the completion, then (text, finish_reason, logprobs)
+        once (completion.Pieces). sampling: sampler_for's keywords, seed and stopping_criteria.
+        ignore_eos: llama.cpp's --ignore-eos: the end-of-generation tokens (and stop_ids) get a
+        logit bias of -inf, so only max_tokens, a stop string or a full context ends the text."""
+        tokens = self._fit_prompt(prompt)
+        limit = self._room_for(tokens, max_tokens)
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
+        text = StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
+        is_end = set(stop_ids) | self.tokenizer_.eog_ids
+        finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
+        sampling = dict(sampling)
+        if ignore_eos:
+            sampling["logit_bias"] = with_banned(sampling.get("logit_bias"), is_end)
+            is_end = set()
+        criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
+        sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed)
+
+        def prompt_done() -> None:  # called once, when the prompt's logits exist
+            stats.prompt_eval_s = time.perf_counter() - t0
+            stats.prompt_eval_tokens = self._session.n_evaluated - n_before
+
+        def released(n_chars: int | None) -> list | None:  # log-probs of the tokens whose text is out
+            return None if recorder is None else recorder.release(n_chars)
+
+        stream = self._generate(tokens, sampler, True, criteria)
+        try:
+            if limit <= 0:  # the prompt fills the context: evaluate it, generate nothing
+                self._prefill(tokens)
+                prompt_done()
+            for token in stream if limit > 0 else ():
+                if stats.gen_tokens == 0:
+                    prompt_done()
+                if token in is_end:
+                    finish = "stop"
+                    break
+                stats.gen_tokens += 1
+                if recorder is not None:
+                    recorder.add(token, sampler.last_logits)
+                piece, hit = text.push(token)
+                if piece:
+                    n_emitted += len(piece)
+                    yield piece, None, released(n_emitted)
+                if hit or stats.gen_tokens >= limit:
+                    finish = "stop" if hit else finish
+                    break
+            else:
+                finish = "stop" if limit > 0 else finish  # the stopping_criteria said stop
+        finally:
+            stream.close()
+            stats.gen_s = time.perf_counter() - t0 - stats.prompt_eval_s
+        tail, hit_at_end = ("", False) if hit else text.finish()
+        # tokens after a stop string's start are not part of the answer: their log-probs go too
+        yield tail, "stop" if hit_at_end else finish, released(n_emitted + len(tail) if hit or hit_at_end else None)
+
+    def _room_for(self, tokens: list[int], max_tokens: int | None) -> int:
+        """How many tokens to generate after `tokens`: max_tokens; None or <= 0: until the
+        context is full (as llama-cpp-python). Without an overflow policy, never past a full context."""
+        until_full = max_tokens is None or max_tokens <= 0
+        self._ctx.ensure(len(tokens), 0 if until_full else max_tokens)
+        room = self._ctx.cap - len(tokens)
+        if until_full:
+            return room
+        if self._session.context_shift != "none":  # the overflow policy makes room
+            return max_tokens
+        return min(max_tokens, room)
+
+    def _token_text(self) -> Callable[[int], str]:  # a fresh streaming detokenizer's push, as _stream's StopText uses
+        return self.tokenizer_.detokenizer(skip_special=True).push
+
+    def _fit_prompt(self, prompt: list[int]) -> list[int]:
+        if not prompt:
+            raise EdgeKVError("the prompt is empty (and the model adds no BOS token)")
+        cap = self._ctx.cap
+        if len(prompt) > cap and self._session.context_shift == "none":
+            raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context holds at most {cap}; "
+                                   f"use a larger n_ctx (-c) or a shorter prompt",
+                                   n_tokens=len(prompt), n_ctx=cap)
+        # under shift/stream the session drops the oldest middle tokens while it prefills
+        return prompt
+
+    # -- OpenAI-shaped responses -------------------------------------------------------------
+
+    def create_completion(self, prompt: str | bytes | Sequence[int], *, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, top_k: int = 40,
+                          stop: str | list[str] | None = None, echo: bool = False, stream: bool = False,
+                          repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
+                          logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                          ignore_eos: bool = False, **options: Any) -> dict | Iterator[dict]:
+        """Complete `prompt` (text, or token ids). max_tokens None or <= 0: until the context
+        is full or an end-of-generation token. stop: a string or several; the text ends before
+        the first one found (also across tokens, also when streaming). seed None: the Llama's.
+        logit_bias: {token id: added to its logit}. ignore_eos: never sample an end-of-generation
+        token (llama.cpp's --ignore-eos; for long benchmark and test runs). logprobs=n: choices[0]["logprobs"] in the
+        completions shape (tokens, text_offset, token_logprobs, top_logprobs with the n most
+        likely and the chosen token; edgekv/logprobs.py), per chunk when streaming.
+        Returns a `text_completion` dict (with `usage`), or an iterator of chunks when stream.
+        options: logits_processor, stopping_criteria, repeat_last_n, and llama-cpp-python's
+        options that edgekv accepts only when off (suffix, grammar, mirostat_mode, ...)."""
+        passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
+        check_compat("create_completion", options)
+        ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt, special=True)
+        self._fit_prompt(ids)
+        recorder = make_recorder(logprobs, self.detokenize, ids, self._token_text())
+        if recorder is not None and echo:
+            raise EdgeKVError("logprobs with echo=True (log-probs of the prompt) is not supported by edgekv yet")
+        sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                        repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+        head = completion_head(model or self.model_path)
+        prompt_text = self.detokenize(ids).decode("utf-8", errors="replace")
+        prefix = prompt_text if echo else ""
+        pieces = self._stream(ids, max_tokens, stop_list(stop), (), sampling, recorder, ignore_eos)
+        if stream:
+            return completion_chunks(head, prefix, pieces, len(prompt_text))
+        text, finish, records = collect(pieces)
+        return text_completion(head, prefix + text, finish, self.last_stats, records, len(prompt_text))
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None,
+                               temperature: float = 0.2, top_p: float = 0.95, min_p: float = 0.05, top_k: int = 40,
+                               stop: str | list[str] | None = None, stream: bool = False,
+                               repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                               presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
+                               logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, ignore_eos: bool = False,
+                               **options: Any) -> dict | Iterator[dict]:
+        """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
+        Sampling options as for create_completion (max_tokens None: until the turn ends or the
+        context is full; ignore_eos: the turn-end tokens are never sampled either). logprobs=True: choices[0]["logprobs"] = {"content": [{"token",
+        "logprob", "bytes", "top_logprobs": the top_logprobs most likely}]}, per chunk when streaming.
+        Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
+        options: as for create_completion (tools, response_format, ... only when off)."""
+        passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
+        check_compat("create_chat_completion", options)
+        formatter = self.chat_formatter
+        ids = formatter.encode(messages, add_generation_prompt=True)
+        if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
+            ids = continue_after_shift(self._session.tokens, ids)
+        ids = self._fit_prompt(ids)
+        recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
+        sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                        repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+        stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
+        kind = "chat.completion.chunk" if stream else "chat.completion"
+        head = chat_head(model or self.model_path, kind)
+        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos)
+        if stream:
+            return chat_chunks(head, pieces)
+        text, finish, records = collect(pieces)
+        return chat_completion(head, text, finish, self.last_stats, records)
