@@ -1,5 +1,5 @@
 """The real chat templates of the families edgekv runs (Qwen2.5, Qwen3 with its <think>
-handling, Phi-3.5, Mistral Nemo, Llama 3.2; tests/reference/chat_templates/) rendered by
+handling, Phi-3.5, Mistral Nemo; tests/reference/chat_templates/) rendered by
 edgekv's sandboxed ChatFormatter give the prompts llama-cpp-python's formatter gives
 (tests/reference/chat_templates.json, tools/make_template_reference.py)."""
 
