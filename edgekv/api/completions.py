@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ContextFullError, EdgeKVError
 from ..sampling import sampler_for, with_banned
+from . import reasoning
 from .compat import SAMPLER_OPTIONS, check_compat
 from .context_growth import continue_after_shift
 from .logprobs import LogprobRecorder, chat_recorder, make_recorder
@@ -154,17 +155,29 @@ class CompletionsMixin:
                                presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
                                logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, ignore_eos: bool = False,
+                               chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "none",
                                **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Sampling options as for create_completion (max_tokens None: until the turn ends or the
-        context is full; ignore_eos: the turn-end tokens are never sampled either). logprobs=True: choices[0]["logprobs"] = {"content": [{"token",
-        "logprob", "bytes", "top_logprobs": the top_logprobs most likely}]}, per chunk when streaming.
+        context is full; ignore_eos: the turn-end tokens are never sampled either).
+        logprobs=True: choices[0]["logprobs"] = {"content": [{"token", "logprob", "bytes",
+        "top_logprobs": the top_logprobs most likely}]}, per chunk when streaming.
+        chat_template_kwargs: more variables for the template (llama-server's field), e.g.
+        {"enable_thinking": False} for Qwen3. reasoning_format: "none" (the text as generated,
+        as llama-cpp-python), "deepseek" or "auto" (llama-server's: a leading <think> block goes
+        to message["reasoning_content"] / delta["reasoning_content"], the answer to content).
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (tools, response_format, ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_chat_completion", options)
+        split = reasoning.check_format(reasoning_format)
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise EdgeKVError(f"chat_template_kwargs must be a dict of template variables, "
+                              f"got {type(chat_template_kwargs).__name__}")
         formatter = self.chat_formatter
-        ids = formatter.encode(messages, add_generation_prompt=True)
+        prompt = formatter.render(messages, add_generation_prompt=True, **(chat_template_kwargs or {}))
+        splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
+        ids = formatter.tokenize_prompt(prompt)
         if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
             ids = continue_after_shift(self._session.tokens, ids)
         ids = self._fit_prompt(ids)
@@ -177,6 +190,6 @@ class CompletionsMixin:
         head = chat_head(model or self.model_path, kind)
         pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos)
         if stream:
-            return chat_chunks(head, pieces)
+            return chat_chunks(head, pieces, splitter)
         text, finish, records = collect(pieces)
-        return chat_completion(head, text, finish, self.last_stats, records)
+        return chat_completion(head, text, finish, self.last_stats, records, splitter)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+from .reasoning import ReasoningSplitter
 
 # What Llama._stream yields: (text, None, logprobs) pieces, then (text, finish_reason, logprobs)
 # once; logprobs: the tokens whose text starts in that piece (None when not asked for).
@@ -135,19 +136,40 @@ def chat_head(model: str, kind: str) -> dict[str, Any]:
 
 
 def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
-                    records: list[TokenLogprob] | None = None) -> dict:
-    """A `chat.completion` response (logprobs from records when given)."""
+                    records: list[TokenLogprob] | None = None, splitter: ReasoningSplitter | None = None) -> dict:
+    """A `chat.completion` response (logprobs from records when given); with a splitter, the
+    reasoning goes to message["reasoning_content"] (when there is any) and the answer to content."""
     logprobs = None if records is None else chat_logprobs(records)
-    choice = dict(index=0, message=dict(role="assistant", content=text), logprobs=logprobs, finish_reason=finish)
+    message = dict(role="assistant", content=text)
+    if splitter is not None:
+        reasoning, content = splitter.push(text)
+        more_reasoning, more_content = splitter.finish()
+        message["content"] = content + more_content
+        if reasoning + more_reasoning:
+            message["reasoning_content"] = (reasoning + more_reasoning).rstrip()
+    choice = dict(index=0, message=message, logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 
 
-def chat_chunks(head: dict, pieces: Pieces) -> Iterator[dict]:
-    """Streamed `chat.completion.chunk`s: the role, the content pieces, then the finish reason."""
+def _deltas(text: str, splitter: ReasoningSplitter | None, last: bool) -> dict[str, str]:
+    if splitter is None:
+        return dict(content=text) if text else {}
+    reasoning, content = splitter.push(text)
+    if last:
+        more_reasoning, more_content = splitter.finish()
+        reasoning, content = reasoning + more_reasoning, content + more_content
+    return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
+
+
+def chat_chunks(head: dict, pieces: Pieces, splitter: ReasoningSplitter | None = None) -> Iterator[dict]:
+    """Streamed `chat.completion.chunk`s: the role, the content pieces (with a splitter,
+    `reasoning_content` pieces first), then the finish reason."""
     yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
     for text, finish, records in pieces:
-        if text or records:
+        delta = _deltas(text, splitter, last=bool(finish))
+        if delta or records:
             logprobs = None if records is None else chat_logprobs(records)
-            yield dict(head, choices=[dict(index=0, delta=dict(content=text), logprobs=logprobs, finish_reason=None)])
+            yield dict(head, choices=[dict(index=0, delta=delta or dict(content=""), logprobs=logprobs,
+                                           finish_reason=None)])
         if finish:
             yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ContextFullError, EdgeKVError
 from .chat_commands import MULTILINE_HELP, Conversation, run_command, stats_line
-from .common import add_kv_options, add_model_options, add_sampling_options, make_llama, sampling_kwargs
+from .common import (add_kv_options, add_model_options, add_sampling_options, json_object, make_llama,
+                     sampling_kwargs)
 
 if TYPE_CHECKING:
     from ..api.facade import Llama
@@ -47,6 +48,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     add_model_options(p, model_required=False)
     add_kv_options(p, shift_default="shift")
     p.add_argument("-sys", "--system-prompt", default=None, help="system message that opens the conversation")
+    p.add_argument("--chat-template-kwargs", type=json_object, default=None, metavar="JSON",
+                   help="more variables for the chat template, e.g. '{\"enable_thinking\": false}' (Qwen3)")
     add_sampling_options(p)
     p.set_defaults(handler=run)
 
@@ -213,6 +216,7 @@ def answer_turn(llm: "Llama", messages: list[dict], args: argparse.Namespace, st
     try:
         with stop:
             for chunk in llm.create_chat_completion(messages, stream=True, stopping_criteria=stop,
+                                                    chat_template_kwargs=getattr(args, "chat_template_kwargs", None),
                                                     **sampling_kwargs(args)):
                 piece = chunk["choices"][0]["delta"].get("content")
                 if piece:

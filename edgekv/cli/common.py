@@ -52,6 +52,20 @@ def mem_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def json_object(text: str) -> dict:
+    """A JSON object on the command line, e.g. --chat-template-kwargs '{"enable_thinking": false}'."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({exc.msg}); expected an object like "
+                                         "'{\"enable_thinking\": false}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is JSON but not an object {{...}}")
+    return value
+
+
 def positive_int(text: str) -> int:
     return _positive_int(text, "a positive integer")
 

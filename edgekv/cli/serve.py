@@ -14,7 +14,7 @@ import socket
 import sys
 
 from ..errors import EdgeKVError
-from .common import add_kv_options, add_model_options, make_llama, mem_size, non_negative_int
+from .common import add_kv_options, add_model_options, json_object, make_llama, mem_size, non_negative_int
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -33,6 +33,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help=f"requests that may wait while one generates; more get 429 (default: {DEFAULT_MAX_QUEUE})")
     p.add_argument("--max-body", type=mem_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
                    help="largest request body, e.g. 1M; larger get 413 (default: 1M)")
+    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+                   help="a reply's leading <think> block: auto/deepseek = returned as reasoning_content apart "
+                        "from content (llama-server's default), none = left in content (default: auto)")
+    p.add_argument("--chat-template-kwargs", type=json_object, default=None, metavar="JSON",
+                   help="template variables for every chat request, e.g. '{\"enable_thinking\": false}'; a "
+                        "request's chat_template_kwargs adds to them")
     p.add_argument("--seed", type=int, default=-1,
                    help="sampling seed for requests without one, -1 = random (default: -1)")
     p.set_defaults(handler=serve)
@@ -47,7 +53,8 @@ def serve(args: argparse.Namespace) -> int:
         raise EdgeKVError(f"--port {args.port}: expected 0-65535")
     sock = _listen(args.host, args.port)  # before loading the model: a taken port fails fast
     llm = make_llama(args)
-    app = create_app(llm, model_id=os.path.basename(args.model), api_key=args.api_key, max_queue=args.queue, max_body=args.max_body)
+    app = create_app(llm, model_id=os.path.basename(args.model), api_key=args.api_key, max_queue=args.queue, max_body=args.max_body,
+                     reasoning_format=args.reasoning_format, chat_template_kwargs=args.chat_template_kwargs)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if args.api_key is None and not _is_loopback(host):

@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from ..api.responses import usage
 from ..errors import ContextFullError, EdgeKVError
-from .requests import ApiError, chat_messages, completion_prompt, field, sampling_options, stream_flags
+from .requests import (ApiError, chat_messages, chat_template_options, completion_prompt, field, sampling_options,
+                       stream_flags)
 
 log = logging.getLogger("edgekv")
 
@@ -187,8 +188,10 @@ class _EventStream(StreamingResponse):
 class _Api:
     """The endpoints, bound to one Llama and one GenerationQueue."""
 
-    def __init__(self, llm: Any, model_id: str, api_key: str | None, max_body: int, queue: GenerationQueue):
+    def __init__(self, llm: Any, model_id: str, api_key: str | None, max_body: int, queue: GenerationQueue,
+                 reasoning_format: str = "auto", chat_template_kwargs: dict | None = None):
         self.llm, self.model_id, self.api_key, self.max_body, self.queue = llm, model_id, api_key, max_body, queue
+        self.reasoning_format, self.chat_template_kwargs = reasoning_format, chat_template_kwargs
         self.created = int(time.time())
 
     def _check_key(self, request: Request) -> None:
@@ -232,6 +235,7 @@ class _Api:
     async def chat_completions(self, request: Request):
         body = await self._read_json(request)
         messages, options = chat_messages(body), sampling_options(body, self.llm.n_vocab())
+        options.update(chat_template_options(body, self.reasoning_format, self.chat_template_kwargs))
         return await self._generate(request, body, lambda **kw: self.llm.create_chat_completion(messages, **kw),
                                     options)
 
@@ -335,13 +339,17 @@ async def _http_error_response(request: Request, exc: HTTPException) -> JSONResp
 
 
 def create_app(llm: Any, *, model_id: str | None = None, api_key: str | None = None,
-               max_queue: int = DEFAULT_MAX_QUEUE, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
+               max_queue: int = DEFAULT_MAX_QUEUE, max_body: int = DEFAULT_MAX_BODY,
+               reasoning_format: str = "auto", chat_template_kwargs: dict | None = None) -> Starlette:
     """The OpenAI-compatible app over `llm` (an edgekv Llama). api_key: required as
     `Authorization: Bearer KEY` on /v1/* (not /health). max_queue: requests that may wait
     while one generates (0: answer 429 whenever the model is busy). max_body: bytes.
-    app.state.queue is the GenerationQueue (its counters, `hold()`)."""
+    reasoning_format / chat_template_kwargs: the defaults of those chat request fields
+    (llama-server's: a <think> block comes back as reasoning_content). app.state.queue is
+    the GenerationQueue (its counters, `hold()`)."""
     queue = GenerationQueue(max_queue)
-    api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue)
+    api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue, reasoning_format,
+               chat_template_kwargs)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from starlette.responses import JSONResponse
 
+from ..api.reasoning import FORMATS as REASONING_FORMATS
+
 
 class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code", ...}}."""
@@ -116,8 +118,21 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if content is not None and not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        out.append(dict(role=message["role"], content=content or ""))
+        entry = dict(role=message["role"], content=content or "")
+        if isinstance(message.get("reasoning_content"), str):  # an earlier answer's reasoning (templates may use it)
+            entry["reasoning_content"] = message["reasoning_content"]
+        out.append(entry)
     return out
+
+
+def chat_template_options(body: dict, reasoning_default: str, kwargs_default: dict | None) -> dict[str, Any]:
+    """`chat_template_kwargs` (llama-server's field: template variables, over the server's
+    --chat-template-kwargs) and `reasoning_format` (none, deepseek, auto; default the
+    server's --reasoning-format) -> create_chat_completion keywords."""
+    kwargs = field(body, "chat_template_kwargs", dict, "an object of template variables")
+    reasoning = field(body, "reasoning_format", str, f"one of {', '.join(REASONING_FORMATS)}",
+                      lambda v: v in REASONING_FORMATS) or reasoning_default
+    return dict(chat_template_kwargs={**(kwargs_default or {}), **(kwargs or {})} or None, reasoning_format=reasoning)
 
 
 def completion_prompt(body: dict, n_vocab: int) -> str | list[int]:

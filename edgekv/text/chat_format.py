@@ -127,11 +127,14 @@ class ChatFormatter:
         except Exception as exc:  # jinja2 errors and whatever the template's own code raises
             raise ChatTemplateError(f"chat template ({self.source}) failed: {type(exc).__name__}: {exc}") from exc
 
-    def encode(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """render() then tokenize with special tokens parsed; no second BOS if the text has one."""
+    def encode(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> list[int]:
+        """render() (extra: more template variables) then tokenize_prompt()."""
+        return self.tokenize_prompt(self.render(messages, add_generation_prompt, **extra))
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A rendered prompt -> ids, special tokens parsed; no second BOS if the text has one."""
         if self.tokenizer is None:
             raise ChatTemplateError("ChatFormatter.encode needs a tokenizer (use ChatFormatter.from_gguf)")
-        text = self.render(messages, add_generation_prompt)
         add_bos = None
         if self.bos_token and text.startswith(self.bos_token) and self.tokenizer.add_bos:
             add_bos = False  # the template wrote BOS itself
