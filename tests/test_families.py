@@ -129,3 +129,26 @@ def test_unsupported_architecture_names_the_supported_ones(tiny_model, tmp_path)
     assert "'rwkv6' is not supported" in message
     for arch in ("gemma3", "llama", "phi3", "qwen2", "qwen3"):
         assert arch in message
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "mistral"])
+def test_edgekv_run_and_chat_work_for_each_family(tiny_model, capsys, arch):
+    from edgekv import Llama
+    from edgekv.cli import main
+
+    path = str(tiny_model(arch, "Q8_0", **DIMS))
+    assert main(["run", "-m", path, "-p", "The quick", "-n", "6", "--temp", "0", "-c", "64"]) == 0
+    out, _ = capsys.readouterr()
+    expected = Llama(path, n_ctx=64)("The quick", max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    assert out == expected + "\n" and expected
+    import io
+    import sys
+
+    stdin, sys.stdin = sys.stdin, io.StringIO("Hello there\n")
+    try:
+        rc = main(["chat", "-m", path, "-n", "4", "--temp", "0", "-c", "128",
+                   "--chat-template-kwargs", '{"enable_thinking": false}'])
+    finally:
+        sys.stdin = stdin
+    out, err = capsys.readouterr()
+    assert rc == 0 and "error" not in err and "tokens/s" in err, err  # an answer was generated and timed

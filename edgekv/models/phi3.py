@@ -1,4 +1,4 @@
-"""The `phi3` architecture (Phi-3, Phi-3.5 and Phi-4 mini): llama's graph with fused
+"""The `phi3` architecture (Phi-3, Phi-3.5; Phi-4-mini shares it): llama's graph with fused
 tensors, partial rotary and LongRoPE.
 
 As llama.cpp's src/models/phi3.cpp:
