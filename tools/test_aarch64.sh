@@ -9,6 +9,8 @@
 #   - `edgekv info` sees the dot-product instructions and names the sdot kernels;
 #   - the sdot kernels give the portable kernels' bits, every 32-value block type, odd shapes;
 #   - a tiny model end to end against the float64 NumPy reference;
+#   - a tiny model of each family (qwen2, qwen3, phi3, YaRN, LongRoPE, ...) against
+#     llama.cpp's log-probs (tests/test_families_llama_cpp.py);
 #   - SmolLM2's greedy tokens for one reference prompt against llama.cpp's ids (the
 #     x86 build's, tests/reference/) and against this x86 machine's own run.
 #
@@ -134,7 +136,7 @@ grep -q "sdot" "$CACHE/info.txt" || die "edgekv info does not name the sdot kern
 # the model end to end, and the kernels against the portable ones and the references.
 # Compiling under emulation is ~20x slower than native: a test's first call may compile
 # for many minutes, so the per-test timeout is an hour here (pyproject.toml: 10 min)
-TEST_GROUPS=("tests/aarch64 tests/test_models.py" "tests/test_fast_kernels.py tests/test_matvec.py")
+TEST_GROUPS=("tests/aarch64 tests/test_models.py tests/test_families_llama_cpp.py" "tests/test_fast_kernels.py tests/test_matvec.py")
 step "tests inside the root, two processes: ${TEST_GROUPS[*]}"
 pids=()
 for i in 0 1; do
