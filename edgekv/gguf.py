@@ -19,6 +19,7 @@ u64 count, elements.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -102,10 +103,12 @@ class _Cursor:
             arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start)
             return arr.tolist()
         if etype == _STRING:
-            if count > self.size:
+            if count * 8 > self.size - self.pos:  # each string takes 8 bytes at least
                 raise GGUFError(f"{self.path}: {what} claims {count} strings, more than the file could hold")
             return [self.string(f"{what}[{i}]") for i in range(count)]
         if etype == _ARRAY:
+            if count * 12 > self.size - self.pos:  # each nested array takes 12 bytes at least
+                raise GGUFError(f"{self.path}: {what} claims {count} nested arrays, more than the file could hold")
             return [self.value(_ARRAY, f"{what}[{i}]") for i in range(count)]
         raise GGUFError(f"{self.path}: {what} has unknown element type {etype}")
 
@@ -143,7 +146,12 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
-            self.metadata[key] = cur.value(cur.scalar("<I", f"type of {key!r}"), f"metadata {key!r}")
+            if key in self.metadata:
+                raise GGUFError(f"{self.path}: metadata key {key!r} appears twice")
+            vtype = cur.scalar("<I", f"type of {key!r}")
+            if key == "general.alignment" and vtype != 4:
+                raise GGUFError(f"{self.path}: general.alignment has value type {vtype}, expected 4 (uint32)")
+            self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
         infos = [self._tensor_info(cur, i) for i in range(n_tensors)]
         alignment = int(self.metadata.get("general.alignment", 32))
         if alignment <= 0 or alignment & (alignment - 1):
@@ -151,7 +159,13 @@ class GGUFFile:
         data_start = -(-cur.pos // alignment) * alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in infos:
+            if name in self.tensors:
+                raise GGUFError(f"{self.path}: tensor {name!r} appears twice in the tensor directory")
+            if offset % alignment:
+                raise GGUFError(f"{self.path}: tensor {name!r} has offset {offset}, not a multiple of the "
+                                f"alignment {alignment}")
             self.tensors[name] = self._tensor(name, shape, ggml_type, data_start + offset)
+        self._check_overlaps()
 
     def _header(self, cur: _Cursor) -> tuple[int, int, int]:
         magic = bytes(self._map[:4])
@@ -184,12 +198,18 @@ class GGUFFile:
         if any(d <= 0 for d in shape) or shape[0] % block:
             raise GGUFError(f"{self.path}: tensor {name!r} shape {list(shape)} is invalid for type "
                             f"{GGMLQuantizationType(ggml_type).name} (rows must be a multiple of {block})")
-        n_bytes = int(np.prod(shape, dtype=np.int64)) // block * type_size
+        n_bytes = math.prod(shape) // block * type_size  # Python ints: a lying shape cannot wrap around
         if start + n_bytes > len(self._map):
             raise GGUFError(f"{self.path}: tensor {name!r} needs bytes {start}..{start + n_bytes} but the "
                             f"file has {len(self._map)} bytes (truncated download?)")
         data = np.frombuffer(self._map, dtype=np.uint8, count=n_bytes, offset=start)
         return TensorInfo(name, shape, ggml_type, data)
+
+    def _check_overlaps(self) -> None:
+        spans = sorted((int(t.data.ctypes.data), int(t.data.nbytes), t.name) for t in self.tensors.values())
+        for (a, n, first), (b, _, second) in zip(spans, spans[1:]):
+            if b < a + n:
+                raise GGUFError(f"{self.path}: tensors {first!r} and {second!r} overlap in the file")
 
     @property
     def architecture(self) -> str:

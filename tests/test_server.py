@@ -164,6 +164,16 @@ def test_unsupported_option_is_400(client):
 def test_invalid_json_and_unknown_route(server):
     status, body = post(server[1], "/v1/chat/completions", b"{not json")
     assert status == 400 and "not valid JSON" in body["error"]["message"]
+    # the two 500s a malformed-request sweep found (issue 16): 5,000 nested '[' and a 2^63 penalty
+    status, body = post(server[1], "/v1/chat/completions", b"[" * 5000)
+    assert status == 400 and "too deeply" in body["error"]["message"]
+    request = dict(messages=HELLO, max_tokens=2, temperature=0)
+    for field, value in (("frequency_penalty", 2**63), ("presence_penalty", -(2**64)), ("repeat_penalty", 1e400)):
+        status, body = post(server[1], "/v1/chat/completions", json.dumps({**request, field: value}).encode())
+        assert status in (200, 400), (field, status, body)
+    status, body = post(server[1], "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                                                            b'"max_tokens": 2, "top_p": NaN}')
+    assert status == 400 and "top_p" in body["error"]["message"]
     status, body = post(server[1], "/v1/nowhere", b"{}")
     assert status == 404 and body["error"]["code"] == "not_found"
 

@@ -10,6 +10,7 @@ kernel: models call only their backend (backends/base.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,27 +55,40 @@ class HParams:
             self.attn_scale = 1.0 / float(np.sqrt(self.head_dim))
 
 
+MAX_HPARAM = 2**31 - 1  # llama.cpp keeps these in (u)int32
+
+
 def read_int(g: GGUFFile, key: str, default: int | None = None) -> int:
+    """A positive integer hyperparameter (an integer-typed GGUF value, as llama.cpp requires)."""
     value = g.get(key, default)
     if value is None:
         g.require(key)
-    try:
-        value = int(value)
-    except (TypeError, ValueError):
-        raise GGUFError(f"{g.path}: metadata {key!r} = {value!r} is not an integer") from None
-    if value <= 0:
-        raise GGUFError(f"{g.path}: metadata {key!r} = {value} must be positive")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GGUFError(f"{g.path}: metadata {key!r} = {str(value)[:40]} is not an integer")
+    if not 0 < value <= MAX_HPARAM:
+        raise GGUFError(f"{g.path}: metadata {key!r} = {value} must be in 1..{MAX_HPARAM}")
     return value
 
 
 def read_float(g: GGUFFile, key: str, default: float | None = None) -> float:
+    """A finite number (an integer or float GGUF value)."""
     value = g.get(key, default)
     if value is None:
         g.require(key)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise GGUFError(f"{g.path}: metadata {key!r} = {value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GGUFError(f"{g.path}: metadata {key!r} = {str(value)[:40]} is not a finite number")
+    return float(value)
+
+
+def check_block_count(g: GGUFFile, n_layers: int, key: str) -> None:
+    """The layer count must be the number of `blk.N.` tensor groups in the file (checked
+    before anything is sized from it: a mutated count must not allocate per layer)."""
+    blocks = {name.split(".", 2)[1] for name in g.tensors if name.startswith("blk.")}
+    expected = {str(i) for i in range(min(n_layers, len(blocks) + 1))}
+    if n_layers != len(blocks) or blocks != expected:
+        raise GGUFError(f"{g.path}: metadata {key!r} = {n_layers}, but the file has tensors for "
+                        f"{len(blocks)} blocks ({', '.join(sorted(blocks, key=lambda b: (len(b), b))[:4])}"
+                        f"{', ...' if len(blocks) > 4 else ''})")
 
 
 def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: float) -> dict:
@@ -83,8 +97,11 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
     dim, n_heads = read_int(g, f"{arch}.embedding_length"), read_int(g, f"{arch}.attention.head_count")
     head_dim = read_int(g, f"{arch}.attention.key_length", dim // n_heads)
     tokens = g.get("tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, list):
+        raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.tokens' must be an array of strings")
     n_ctx_train = read_int(g, f"{arch}.context_length")
-    return dict(
+    check_block_count(g, read_int(g, f"{arch}.block_count"), f"{arch}.block_count")
+    return check_shapes(g, arch, dict(
         arch=arch,
         n_vocab=read_int(g, f"{arch}.vocab_size", len(tokens) if tokens is not None else None),
         dim=dim,
@@ -99,7 +116,23 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
         rope_theta=read_float(g, f"{arch}.rope.freq_base", rope_theta),
         rope_dims=read_int(g, f"{arch}.rope.dimension_count", head_dim),
         rope_scaling=read_rope_scaling(g, arch, n_ctx_train),
-    )
+    ), tokens)
+
+
+def check_shapes(g: GGUFFile, arch: str, hp: dict, tokens) -> dict:
+    """What the kernels index by and no tensor shape checks: heads that group evenly, RoPE
+    inside a head, no token id beyond the embedding. A GGUFError naming the key otherwise
+    (a kernel would read or write out of bounds)."""
+    if hp["n_heads"] % hp["n_kv_heads"]:
+        raise GGUFError(f"{g.path}: {arch}.attention.head_count = {hp['n_heads']} is not a multiple of "
+                        f"{arch}.attention.head_count_kv = {hp['n_kv_heads']}")
+    if hp["rope_dims"] % 2 or hp["rope_dims"] > hp["head_dim"]:
+        raise GGUFError(f"{g.path}: {arch}.rope.dimension_count = {hp['rope_dims']} must be even and at most "
+                        f"the head size {hp['head_dim']}")
+    if tokens is not None and len(tokens) > hp["n_vocab"]:
+        raise GGUFError(f"{g.path}: the tokenizer has {len(tokens)} tokens but {arch}.vocab_size is "
+                        f"{hp['n_vocab']}: ids past it would index beyond the embedding")
+    return hp
 
 
 class WeightLoader:

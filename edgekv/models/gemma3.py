@@ -33,7 +33,7 @@ def read_hparams(g: GGUFFile) -> HParams:
         local_layers=tuple(bool(window) and i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(n_layers)),
         attn_scale=1.0 / float(np.sqrt(head_dim)),
         embed_scale=float(np.sqrt(np.float32(dim))),
-        final_softcap=float(g.get(f"{ARCH}.final_logit_softcapping", 0.0) or 0.0),
+        final_softcap=read_float(g, f"{ARCH}.final_logit_softcapping", 0.0),
     )
 
 

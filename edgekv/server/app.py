@@ -216,6 +216,8 @@ class _Api:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "the request body nests JSON arrays/objects too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return data

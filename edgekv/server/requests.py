@@ -8,6 +8,7 @@ servers do). What does not: the app, its routes and the generation queue (server
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from starlette.responses import JSONResponse
@@ -40,8 +41,17 @@ def field(body: dict, name: str, types: type | tuple, expected: str,
         return None
     types = types if isinstance(types, tuple) else (types,)
     if (isinstance(value, bool) and bool not in types) or not isinstance(value, types) or not ok(value):
-        raise ApiError(400, f"'{name}' must be {expected}, got {value!r}", param=name)
+        raise ApiError(400, f"'{name}' must be {expected}, got {_shown(value)}", param=name)
+    if types == _NUMBER:  # JSON's integers are unbounded: a float for the sampler, and finite
+        value = float(value) if abs(value) < 1e300 else math.inf
+        if not math.isfinite(value):
+            raise ApiError(400, f"'{name}' must be {expected}, got {_shown(body.get(name))}", param=name)
     return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _token_id(value: Any, n_vocab: int, param: str) -> int:

@@ -65,6 +65,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 
 def pre_tokenizer_for(pre: str | None) -> PreTokenizer:
     """The pre-tokenizer for a `tokenizer.ggml.pre` value (missing -> llama.cpp's 'default')."""
+    if not isinstance(pre, (str, type(None))):
+        raise UnsupportedModelError(f"tokenizer.ggml.pre must be a string, got {type(pre).__name__}")
     if pre is None or pre == "":
         return _DEFAULT
     if pre not in PRE_TOKENIZERS:

@@ -14,6 +14,7 @@ which get a Gemma-style template (ChatML's markers would be plain text to such a
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any
@@ -82,6 +83,14 @@ def _make_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    """A template compiled in a fresh sandbox; cached, since compiling takes milliseconds and
+    every Llama, server and chat session of one model has the same template (a compiled
+    template keeps no state between renders)."""
+    return _make_environment().from_string(template)
+
+
 class ChatFormatter:
     """Messages -> prompt text with one model's chat template."""
 
@@ -93,9 +102,11 @@ class ChatFormatter:
         self.eos_token = eos_token
         self.tokenizer = tokenizer
         try:
-            self._compiled = _make_environment().from_string(template)
+            self._compiled = _compile(template)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template ({source}) does not compile: {exc}") from exc
+        except RecursionError:
+            raise ChatTemplateError(f"chat template ({source}) nests too deeply to compile") from None
         self.stop_strings = self._find_turn_end_strings()
         self.stop_token_ids = self._find_turn_end_ids()
 

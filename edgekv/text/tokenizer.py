@@ -40,8 +40,10 @@ class Tokenizer:
         else:
             if merges is None:
                 raise TokenizerError("tokenizer metadata key 'tokenizer.ggml.merges' is missing from the GGUF")
+            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+                raise TokenizerError("tokenizer.ggml.merges must be an array of strings")
             self._spm = None
-            self._bpe = BPEModel(vocab.token_to_id, [str(m) for m in merges], vocab.pre)
+            self._bpe = BPEModel(vocab.token_to_id, merges, vocab.pre)
 
     @classmethod
     def from_gguf(cls, metadata: dict[str, Any]) -> "Tokenizer":

@@ -83,7 +83,10 @@ class Vocab:
     # -- loading -------------------------------------------------------------------
 
     def _load_tokens(self, metadata: dict[str, Any]) -> None:
-        tokens = [str(t) for t in _require(metadata, KEY + "tokens")]
+        tokens = _require(metadata, KEY + "tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise TokenizerError(f"{KEY}tokens must be an array of strings")
+        tokens = list(tokens)
         for i, t in enumerate(tokens):
             if t == "":
                 tokens[i] = f"[EMPTY_{i}]"
@@ -95,8 +98,12 @@ class Vocab:
             raise TokenizerError(f"duplicate token {dup!r} in tokenizer.ggml.tokens")
         scores = metadata.get(KEY + "scores")
         types = metadata.get(KEY + "token_type")
-        for key, values in ((KEY + "scores", scores), (KEY + "token_type", types)):
-            if values is not None and len(values) < self.n_vocab:
+        for key, values, kind in ((KEY + "scores", scores, (int, float)), (KEY + "token_type", types, int)):
+            if values is None:
+                continue
+            if not isinstance(values, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+                raise TokenizerError(f"{key} must be an array of numbers")
+            if len(values) < self.n_vocab:
                 raise TokenizerError(f"{key} has {len(values)} entries but the vocab has {self.n_vocab} tokens")
         n = self.n_vocab
         self.scores = [0.0] * n if scores is None else [float(s) for s in scores[:n]]
@@ -121,6 +128,8 @@ class Vocab:
             if value is not None and value >= self.n_vocab:
                 value = None
             given = metadata.get(f"{KEY}{name}_token_id")
+            if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+                raise TokenizerError(f"{KEY}{name}_token_id must be an integer, got {str(given)[:40]}")
             if given is not None:
                 if 0 <= int(given) < self.n_vocab:
                     value = int(given)
