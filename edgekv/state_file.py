@@ -239,7 +239,9 @@ def _check_header(header: dict, path: str, session: Session, fingerprint: str) -
 
 
 def _read_arrays(header: dict, data: memoryview, path: str, session: Session) -> dict[str, np.ndarray]:
-    described = {d.get("name"): d for d in header["arrays"] if isinstance(d, dict)}
+    if not all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in header["arrays"]):
+        raise _fail(path, "arrays", "every entry must be an object with a string 'name'")
+    described = {d["name"]: d for d in header["arrays"]}
     n_live = []
     for i, cap in enumerate(_geometry(session)["layer_capacities"]):
         shape = described.get(f"slots.{i}", {}).get("shape")
