@@ -10,7 +10,6 @@ kernel: models call only their backend (backends/base.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
 from ..quants import QUANT_TYPES, dequantize
+from .keys import read_float, read_int
 from .rope import RopeScaling, read_rope_scaling
 
 
@@ -55,31 +55,6 @@ class HParams:
             self.attn_scale = 1.0 / float(np.sqrt(self.head_dim))
 
 
-MAX_HPARAM = 2**31 - 1  # llama.cpp keeps these in (u)int32
-
-
-def read_int(g: GGUFFile, key: str, default: int | None = None) -> int:
-    """A positive integer hyperparameter (an integer-typed GGUF value, as llama.cpp requires)."""
-    value = g.get(key, default)
-    if value is None:
-        g.require(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise GGUFError(f"{g.path}: metadata {key!r} = {str(value)[:40]} is not an integer")
-    if not 0 < value <= MAX_HPARAM:
-        raise GGUFError(f"{g.path}: metadata {key!r} = {value} must be in 1..{MAX_HPARAM}")
-    return value
-
-
-def read_float(g: GGUFFile, key: str, default: float | None = None) -> float:
-    """A finite number (an integer or float GGUF value)."""
-    value = g.get(key, default)
-    if value is None:
-        g.require(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GGUFError(f"{g.path}: metadata {key!r} = {str(value)[:40]} is not a finite number")
-    return float(value)
-
-
 def check_block_count(g: GGUFFile, n_layers: int, key: str) -> None:
     """The layer count must be the number of `blk.N.` tensor groups in the file (checked
     before anything is sized from it: a mutated count must not allocate per layer)."""
@@ -100,12 +75,13 @@ def read_common_hparams(g: GGUFFile, arch: str, norm_eps: float, rope_theta: flo
     if tokens is not None and not isinstance(tokens, list):
         raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.tokens' must be an array of strings")
     n_ctx_train = read_int(g, f"{arch}.context_length")
-    check_block_count(g, read_int(g, f"{arch}.block_count"), f"{arch}.block_count")
+    n_layers = read_int(g, f"{arch}.block_count")
+    check_block_count(g, n_layers, f"{arch}.block_count")
     return check_shapes(g, arch, dict(
         arch=arch,
         n_vocab=read_int(g, f"{arch}.vocab_size", len(tokens) if tokens is not None else None),
         dim=dim,
-        n_layers=read_int(g, f"{arch}.block_count"),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=read_int(g, f"{arch}.attention.head_count_kv", n_heads),
         head_dim=head_dim,

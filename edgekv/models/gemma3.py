@@ -14,7 +14,8 @@ import numpy as np
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
 from ..gguf import GGUFFile
-from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams, read_float, read_int
+from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams
+from .keys import read_float, read_int
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5 (llama.cpp's set_swa_pattern(6))

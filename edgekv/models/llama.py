@@ -14,8 +14,8 @@ every layer attends to that many positions only, as the model was trained. llama
 0c1e570 ignores the key for `llama` GGUFs, so beyond the window its logits differ.
 
 What a subclass sets: `arch`, `rope_mode`, `default_norm_eps`, `scale_q_first` (scale Q
-before attention, as llama.cpp's phi3 graph does), and may override `read_hparams`,
-`load_layer` and `rope_factors`.
+before attention, as llama.cpp's phi3 graph does), `honours_sliding_window`, and may
+override `read_hparams`, `load_layer` and `rope_factors`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 from ..backends import Backend
 from ..backends.base import ROPE_NORM
 from ..gguf import GGUFFile
-from .base import Decoder, HParams, LayerWeights, Scratch, WeightLoader, load_layer, read_common_hparams, read_int
+from .base import Decoder, HParams, LayerWeights, Scratch, WeightLoader, load_layer, read_common_hparams
+from .keys import read_int
 
 BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
@@ -35,6 +36,7 @@ class LlamaModel(Decoder):
     rope_mode = ROPE_NORM
     default_norm_eps = 1e-5
     scale_q_first = False
+    honours_sliding_window = True  # `{arch}.attention.sliding_window` windows every layer
 
     def __init__(self, g: GGUFFile, backend: Backend):
         self.hp = hp = self.read_hparams(g)
@@ -50,7 +52,7 @@ class LlamaModel(Decoder):
     def read_hparams(cls, g: GGUFFile) -> HParams:
         common = read_common_hparams(g, cls.arch, norm_eps=cls.default_norm_eps, rope_theta=10000.0)
         key = f"{cls.arch}.attention.sliding_window"
-        window = read_int(g, key) if g.get(key) else 0
+        window = read_int(g, key) if cls.honours_sliding_window and g.get(key) else 0
         return HParams(**common, rope_mode=cls.rope_mode, rope_theta_local=common["rope_theta"], window=window,
                        local_layers=(bool(window),) * common["n_layers"])
 

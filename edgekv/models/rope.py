@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import GGUFError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..gguf import GGUFFile
+from .keys import read_float
 
 SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -73,20 +74,13 @@ def _yarn_attn_factor(factor: np.float32, log_mul: float) -> np.float32:
     return np.float32(attn * (np.float32(1) / (np.float32(1) + np.float32(0.1) * np.log(factor))))
 
 
-def _number(g: GGUFFile, key: str, default: float) -> float:
-    value = g.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GGUFError(f"{g.path}: metadata {key!r} = {str(value)[:40]} is not a finite number")
-    return float(value)
-
-
 def read_rope_scaling(g: GGUFFile, arch: str, n_ctx_train: int) -> RopeScaling:
     """The scaling `{arch}.rope.scaling.*` asks for (absent type: llama.cpp's 'linear')."""
     kind = g.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in SCALING_TYPES:
         raise UnsupportedModelError(f"{g.path}: {arch}.rope.scaling.type = {str(kind)[:40]!r} is not a RoPE scaling "
                                     f"edgekv (or llama.cpp) knows (known: {', '.join(SCALING_TYPES)})")
-    factor = _number(g, f"{arch}.rope.scaling.factor", 0.0) or _number(g, f"{arch}.rope.scale_linear", 0.0)
+    factor = read_float(g, f"{arch}.rope.scaling.factor", 0.0) or read_float(g, f"{arch}.rope.scale_linear", 0.0)
     if factor < 0:
         raise UnsupportedModelError(f"{g.path}: {arch}.rope.scaling.factor = {factor} must be a positive number")
     freq_scale = 1.0 if kind == "none" or factor == 0 else float(np.float32(1) / np.float32(factor))
@@ -94,8 +88,8 @@ def read_rope_scaling(g: GGUFFile, arch: str, n_ctx_train: int) -> RopeScaling:
     attn = np.float32(1)
     if ext_factor:
         attn = _yarn_attn_factor(np.float32(1) / np.float32(freq_scale),
-                                 _number(g, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0))
-    attn = np.float32(attn * np.float32(_number(g, f"{arch}.rope.scaling.attn_factor", 1.0)))
-    n_ctx_orig = int(_number(g, f"{arch}.rope.scaling.original_context_length", 0)) or n_ctx_train
+                                 read_float(g, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0))
+    attn = np.float32(attn * np.float32(read_float(g, f"{arch}.rope.scaling.attn_factor", 1.0)))
+    n_ctx_orig = int(read_float(g, f"{arch}.rope.scaling.original_context_length", 0)) or n_ctx_train
     return RopeScaling(kind=kind, freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=float(attn),
                        n_ctx_orig=n_ctx_orig)
