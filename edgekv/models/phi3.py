@@ -24,7 +24,7 @@ import numpy as np
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
 from ..gguf import GGUFFile
-from .base import HParams, LayerWeights, WeightLoader, read_common_hparams
+from .base import LayerWeights, WeightLoader
 from .llama import LlamaModel
 
 
@@ -33,17 +33,13 @@ class Phi3Model(LlamaModel):
     rope_mode = ROPE_NEOX
     default_norm_eps = 1e-5
     scale_q_first = True
+    honours_sliding_window = False  # as llama.cpp: "Phi SWA is currently disabled"
 
     def __init__(self, g: GGUFFile, backend: Backend):
         super().__init__(g, backend)
         w, half = WeightLoader(g, backend), self.hp.rope_dims // 2
         self.factors_long = w.vector("rope_factors_long.weight", half) if w.has("rope_factors_long.weight") else None
         self.factors_short = w.vector("rope_factors_short.weight", half) if w.has("rope_factors_short.weight") else None
-
-    @classmethod
-    def read_hparams(cls, g: GGUFFile) -> HParams:
-        return HParams(**read_common_hparams(g, cls.arch, norm_eps=cls.default_norm_eps, rope_theta=10000.0),
-                       rope_mode=cls.rope_mode)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray:
         if self.factors_long is not None and n_ctx > self.hp.rope_scaling.n_ctx_orig:
