@@ -73,6 +73,12 @@ class ReasoningSplitter:
             self.started[part] = bool(out)
         return out
 
+    def whole(self, text: str) -> tuple[str, str]:
+        """push(text) and finish(): the rest of the reply, all of it released."""
+        reasoning, content = self.push(text)
+        more_reasoning, more_content = self.finish()
+        return reasoning + more_reasoning, content + more_content
+
     def finish(self) -> tuple[str, str]:
         if self.state == "reasoning":
             return self._release("reasoning", len(self.held)), ""
@@ -91,7 +97,5 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 def split(text: str, inside: bool = False) -> tuple[str, str]:
     """(reasoning, content) of a whole reply."""
-    splitter = ReasoningSplitter(inside)
-    r1, c1 = splitter.push(text)
-    r2, c2 = splitter.finish()
-    return (r1 + r2).strip(), c1 + c2
+    reasoning, content = ReasoningSplitter(inside).whole(text)
+    return reasoning.rstrip(), content  # the leading whitespace of each part is already gone

@@ -142,11 +142,9 @@ def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
     logprobs = None if records is None else chat_logprobs(records)
     message = dict(role="assistant", content=text)
     if splitter is not None:
-        reasoning, content = splitter.push(text)
-        more_reasoning, more_content = splitter.finish()
-        message["content"] = content + more_content
-        if reasoning + more_reasoning:
-            message["reasoning_content"] = (reasoning + more_reasoning).rstrip()
+        reasoning, message["content"] = splitter.whole(text)
+        if reasoning:
+            message["reasoning_content"] = reasoning.rstrip()
     choice = dict(index=0, message=message, logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 
@@ -154,10 +152,7 @@ def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
 def _deltas(text: str, splitter: ReasoningSplitter | None, last: bool) -> dict[str, str]:
     if splitter is None:
         return dict(content=text) if text else {}
-    reasoning, content = splitter.push(text)
-    if last:
-        more_reasoning, more_content = splitter.finish()
-        reasoning, content = reasoning + more_reasoning, content + more_content
+    reasoning, content = splitter.whole(text) if last else splitter.push(text)
     return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
 
 
