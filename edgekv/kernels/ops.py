@@ -66,13 +66,14 @@ def rope_tables(positions, n_rot, freq_base, freq_scale, ext_factor, mscale, cor
     # (ext_factor != 0) mixed back towards the unscaled angle by a ramp between corr_lo and
     # corr_hi; cos and sin times mscale (models/rope.py RopeScaling.mscale)
     theta_scale = np.float32(freq_base ** (-2.0 / n_rot))
+    ramp_width = max(np.float32(0.001), np.float32(corr_hi - corr_lo))
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(n_rot // 2):
             extrap = np.float32(theta / freq_factors[i])
             th = np.float32(freq_scale * extrap)
             if ext_factor != 0.0:
-                y = np.float32((np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo))
+                y = np.float32((np.float32(i) - corr_lo) / ramp_width)
                 ramp = np.float32((np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * ext_factor)
                 th = np.float32(th * (np.float32(1.0) - ramp) + extrap * ramp)
             cos_out[t, i] = np.float32(math.cos(th)) * mscale
