@@ -118,7 +118,7 @@ def save_session(session: Session, model_fingerprint: str, path: str | os.PathLi
                   n_tokens=snap.n_tokens, tokens=list(snap.tokens), arrays=descriptors)
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     _write_atomically(os.fspath(path), [_PREAMBLE.pack(MAGIC, VERSION, len(header_bytes), offset), header_bytes,
-                                        *(memoryview(a).cast("B") for a in arrays.values())])
+                                        *(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values())])
 
 
 def _write_atomically(path: str, parts: list) -> None:

@@ -117,6 +117,21 @@ def test_only_live_slots_are_stored(tiny_model, tmp_path):
     assert abs(os.path.getsize(tmp_path / "small") - os.path.getsize(tmp_path / "large")) < 64
 
 
+def test_an_empty_session_saves_and_loads(tiny_model, tmp_path):
+    # found by test_interrupts.py: a session holding no tokens (every array empty) made
+    # save_session raise TypeError from memoryview.cast
+    model = load(tiny_model())
+    fp = model_fingerprint(model)
+    full, empty = model.session(n_ctx=32), model.session(n_ctx=32)
+    save_session(empty, fp, tmp_path / "empty")
+    full.eval(PROMPT[:4])
+    load_session(full, fp, tmp_path / "empty")
+    assert full.tokens == [] and full.cache.n_tokens == 0
+    full.eval(PROMPT[:4])
+    empty.eval(PROMPT[:4])
+    np.testing.assert_array_equal(full.logits, empty.logits)
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
