@@ -16,8 +16,8 @@ from importlib import import_module
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from .errors import (ChatTemplateError, ContextFullError, EdgeKVError, GGUFError, ModelNotFoundError, TokenizerError,
-                     UnsupportedModelError)
+from .errors import (ChatTemplateError, ContextFullError, EdgeKVError, GGUFError, ModelNotFoundError, NumericalError,
+                     TokenizerError, UnsupportedModelError)
 
 if TYPE_CHECKING:
     from .api.facade import Llama
@@ -35,7 +35,7 @@ _LAZY = {"Llama": "api.facade", "LlamaState": "api.llama_state", "Model": "loade
 
 __all__ = [
     "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "GenerationStep", "Llama", "LlamaState",
-    "Model", "ModelNotFoundError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
+    "Model", "ModelNotFoundError", "NumericalError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
     "stream_generate",
 ]
 

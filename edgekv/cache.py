@@ -34,10 +34,10 @@ from .errors import ContextFullError, EdgeKVError
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
-# Numerical policy: a K or V value beyond the f16 range is saturated to +-65504 when an f16
-# cache stores it (llama.cpp would store inf and produce NaN scores); NaN stays NaN, and
-# NaN or infinite logits make the session raise instead of sampling garbage (session.py).
-F16_MAX = np.float32(65504.0)
+# Numerical policy: a K or V value beyond what the cache type stores finite is saturated
+# (KVCacheType.limit: +-65504 for f16, the f16 block scale's reach for the quantized types;
+# llama.cpp would store inf and produce NaN scores); NaN stays NaN, and NaN or infinite
+# logits make the session raise NumericalError instead of sampling garbage (session.py).
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -280,5 +280,5 @@ class KVCache:
 
 
 def _limit(kind) -> float:
-    """f16 saturates: a K or V beyond the half range is stored as +-65504, not inf."""
-    return float(F16_MAX) if kind.name == "f16" else float(np.inf)
+    """Values beyond the cache type's finite range are stored saturated, not as inf."""
+    return kind.limit

@@ -34,6 +34,10 @@ class ContextFullError(EdgeKVError):
         self.n_ctx = n_ctx
 
 
+class NumericalError(EdgeKVError):
+    """The model produced NaN or infinite logits; the input that did it was not kept."""
+
+
 class ChatTemplateError(EdgeKVError):
     """A chat template failed to render or tried something the sandbox forbids."""
 

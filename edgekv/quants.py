@@ -2,6 +2,7 @@
 
 What lives here: `QUANT_TYPES` (one `QuantType` per supported ggml type, keyed by its
 ggml type id), `row_nbytes`, `dequantize` (any supported type, file layout -> float32),
+`count_non_finite` (NaN/inf in a tensor's values or block scales),
 and the KV-cache formats: `KV_CACHE_TYPES` with a row quantizer and a row dequantizer
 per cache type, both @njit kernels callable from other Numba code, and `quantize`, a
 vectorized Python entry over many rows. What does not: the kernels themselves
@@ -67,14 +68,15 @@ class QuantType:
     block_size: int  # values per block
     type_size: int  # bytes per block
     act: str  # what the matvec kernels turn the activation vector into for this weight
+    scales: tuple[int, ...] = ()  # byte offsets of a block's f16 fields (d, m or dmin)
 
     @property
     def bits_per_weight(self) -> float:
         return 8.0 * self.type_size / self.block_size
 
 
-def _record(t: T, block_size: int, type_size: int, act: str) -> QuantType:
-    return QuantType(t.name, int(t), block_size, type_size, act)
+def _record(t: T, block_size: int, type_size: int, act: str, scales: tuple[int, ...] = ()) -> QuantType:
+    return QuantType(t.name, int(t), block_size, type_size, act, scales)
 
 
 # activation formats follow llama.cpp's vec_dot_type for each weight type
@@ -84,14 +86,14 @@ QUANT_TYPES: dict[int, QuantType] = {
         _record(T.F32, 1, 4, "f32"),
         _record(T.F16, 1, 2, "f16"),
         _record(T.BF16, 1, 2, "bf16"),
-        _record(T.Q8_0, 32, 34, "q8_0"),
-        _record(T.Q4_0, 32, 18, "q8_0"),
-        _record(T.Q4_1, 32, 20, "q8_1"),
-        _record(T.Q5_0, 32, 22, "q8_0"),
-        _record(T.Q5_1, 32, 24, "q8_1"),
-        _record(T.Q4_K, 256, 144, "q8_K"),
-        _record(T.Q5_K, 256, 176, "q8_K"),
-        _record(T.Q6_K, 256, 210, "q8_K"),
+        _record(T.Q8_0, 32, 34, "q8_0", (0,)),
+        _record(T.Q4_0, 32, 18, "q8_0", (0,)),
+        _record(T.Q4_1, 32, 20, "q8_1", (0, 2)),
+        _record(T.Q5_0, 32, 22, "q8_0", (0,)),
+        _record(T.Q5_1, 32, 24, "q8_1", (0, 2)),
+        _record(T.Q4_K, 256, 144, "q8_K", (0, 2)),
+        _record(T.Q5_K, 256, 176, "q8_K", (0, 2)),
+        _record(T.Q6_K, 256, 210, "q8_K", (208,)),
     )
 }
 
@@ -137,7 +139,26 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
     return out.reshape(tuple(reversed(shape)) if shape else ())
 
 
+def count_non_finite(raw: np.ndarray, ggml_type: int) -> int:
+    """How many NaN or inf a tensor's raw bytes hold: values of a float type, the f16
+    scales of a block type (a block with such a scale dequantizes to NaN or inf; llama.cpp's
+    --check-tensors looks at the same fields)."""
+    q = quant_type(ggml_type)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if q.name == "F32":
+        return int(np.count_nonzero(~np.isfinite(raw.view(np.float32))))
+    if q.name in ("F16", "BF16"):  # all exponent bits set: inf or NaN
+        exp = np.uint16(0x7C00 if q.name == "F16" else 0x7F80)
+        return int(np.count_nonzero((raw.view(np.uint16) & exp) == exp))
+    blocks = raw[: raw.size - raw.size % q.type_size].reshape(-1, q.type_size)
+    return sum(int(np.count_nonzero(~np.isfinite(blocks[:, o : o + 2].copy().view(np.float16)))) for o in q.scales)
+
+
 # ---- KV-cache formats ------------------------------------------------------------
+
+F16_MAX = 65504.0  # the largest finite half
+BF16_MAX = 3.3895313892515355e38  # the largest finite bfloat16 (0x7F7F)
+
 
 @dataclass(frozen=True)
 class KVCacheType:
@@ -147,22 +168,26 @@ class KVCacheType:
     quant: QuantType
     quantize_row: Callable  # @njit (x: f32[n], dst: u8[row_nbytes]) -> None
     dequantize_row: Callable  # @njit (src: u8[row_nbytes], dst: f32[n]) -> None
+    # the largest |value| the format stores finite; the cache saturates beyond it (a block's
+    # scale is an f16: d = amax / 127 for q8_0, max / -8 for q4_0, max / -16 for q5_0; the
+    # _1 types also store the minimum itself as an f16). llama.cpp stores inf there instead.
+    limit: float
 
     def row_nbytes(self, n: int) -> int:
         return row_nbytes(self.quant.ggml_type, n)
 
 
 KV_CACHE_TYPES: dict[str, KVCacheType] = {
-    name: KVCacheType(name, QUANT_TYPES[int(t)], qfn, dfn)
-    for name, t, qfn, dfn in (
-        ("f32", T.F32, kq.quantize_row_f32, dequant.dequant_row_f32),
-        ("f16", T.F16, kq.quantize_row_f16, dequant.dequant_row_f16),
-        ("bf16", T.BF16, kq.quantize_row_bf16, dequant.dequant_row_bf16),
-        ("q8_0", T.Q8_0, kq.quantize_row_q8_0, dequant.dequant_row_q8_0),
-        ("q4_0", T.Q4_0, kq.quantize_row_q4_0, dequant.dequant_row_q4_0),
-        ("q4_1", T.Q4_1, kq.quantize_row_q4_1, dequant.dequant_row_q4_1),
-        ("q5_0", T.Q5_0, kq.quantize_row_q5_0, dequant.dequant_row_q5_0),
-        ("q5_1", T.Q5_1, kq.quantize_row_q5_1, dequant.dequant_row_q5_1),
+    name: KVCacheType(name, QUANT_TYPES[int(t)], qfn, dfn, limit)
+    for name, t, qfn, dfn, limit in (
+        ("f32", T.F32, kq.quantize_row_f32, dequant.dequant_row_f32, float("inf")),
+        ("f16", T.F16, kq.quantize_row_f16, dequant.dequant_row_f16, F16_MAX),
+        ("bf16", T.BF16, kq.quantize_row_bf16, dequant.dequant_row_bf16, BF16_MAX),
+        ("q8_0", T.Q8_0, kq.quantize_row_q8_0, dequant.dequant_row_q8_0, 127 * F16_MAX),
+        ("q4_0", T.Q4_0, kq.quantize_row_q4_0, dequant.dequant_row_q4_0, 8 * F16_MAX),
+        ("q4_1", T.Q4_1, kq.quantize_row_q4_1, dequant.dequant_row_q4_1, F16_MAX),
+        ("q5_0", T.Q5_0, kq.quantize_row_q5_0, dequant.dequant_row_q5_0, 16 * F16_MAX),
+        ("q5_1", T.Q5_1, kq.quantize_row_q5_1, dequant.dequant_row_q5_1, F16_MAX),
     )
 }
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from .cache import KVCache
-from .errors import ContextFullError, EdgeKVError
+from .errors import ContextFullError, EdgeKVError, NumericalError
 from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
@@ -191,7 +191,8 @@ class Session:
             raise
         if not np.isfinite(logits[rows.size - 1]).all():
             self.cache.rollback(res)
-            raise EdgeKVError("the model produced NaN or infinite logits; the input was not added to the session")
+            raise NumericalError("the model produced NaN or infinite logits; the input was not added to the "
+                                 f"session: {self.model.explain_non_finite()}")
         self.cache.commit(res)
         if logits is self._spare_logits:
             self._last_logits, self._spare_logits = self._spare_logits, self._last_logits

@@ -44,7 +44,7 @@ class LayerView:
     window: int
     rot_k: np.ndarray | None
     rot_v: np.ndarray | None
-    limit_k: float  # |values| above this are saturated on write (65504 for an f16 cache, else inf)
+    limit_k: float  # |values| above this are saturated on write (KVCacheType.limit)
     limit_v: float
 
 

@@ -14,7 +14,8 @@ integers per block. Which format follows the weight (llama.cpp's vec_dot_type):
 Outputs (preallocated by the caller, no allocation here):
   xq: i8[NB, BS] codes; xd: f32[NB, 2] (d, s); xsum: i32[NB, 16] (q8_0/q8_1: sum of
   the 32 codes in column 0, sums of each 4 consecutive codes in columns 8..15;
-  q8_K: the 16 sums of 16).
+  q8_K: the 16 sums of 16). A block holding inf or NaN gets the scale NaN, so the NaN
+  reaches the logits (and the session's NumericalError) as float arithmetic would carry it.
 Also the float "quantizers" of F16/BF16 weights (ggml rounds x to f16/bf16 for them).
 What does not live here: KV-cache quantizers (quantize.py), the dot products (dot_*.py).
 """
@@ -29,6 +30,16 @@ from .fp16 import bf16_to_f32, f32_to_bf16, nearest_int, round_f16
 
 F32 = np.float32
 I32 = np.int32
+F32_MAX = np.finfo(np.float32).max
+
+
+@nb.njit(**EXACT_FLAGS)
+def poison(xq, xd, xsum):
+    # a block holding inf or NaN: scale NaN, so every dot product with it is NaN (as the
+    # float arithmetic would give) instead of the finite garbage of codes made from NaN
+    xq[:] = 0
+    xd[:] = np.nan
+    xsum[:] = 0
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -36,8 +47,14 @@ def quantize_act_q8(x, xq, xd, xsum):
     # x: f32[NB*32] -> xq: i8[NB, 32], xd: f32[NB, 2] (f16-rounded d and s), xsum: i32[NB, 16]
     for b in range(xq.shape[0]):
         amax = F32(0.0)
+        finite = True
         for j in range(32):
-            amax = max(amax, abs(x[32 * b + j]))
+            a = abs(x[32 * b + j])
+            amax = max(amax, a)
+            finite &= a <= F32_MAX  # False for inf and NaN (which max() would skip)
+        if not finite:
+            poison(xq[b], xd[b], xsum[b])
+            continue
         d = amax / F32(127.0)
         inv = F32(127.0) / amax if amax != 0 else F32(0.0)
         total = 0
@@ -58,11 +75,16 @@ def quantize_act_q8_k(x, xq, xd, xsum):
     for b in range(xq.shape[0]):
         amax = F32(0.0)
         vmax = F32(0.0)
+        finite = True
         for j in range(256):
             v = x[256 * b + j]
             if abs(v) > amax:
                 amax = abs(v)
                 vmax = v
+            finite &= abs(v) <= F32_MAX
+        if not finite:
+            poison(xq[b], xd[b], xsum[b])
+            continue
         if amax == 0:
             xq[b, :] = 0
             xd[b, 0] = 0.0

@@ -26,4 +26,6 @@ def build_model(g: GGUFFile, backend: Backend | str | None = None):
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
-    return ARCHITECTURES[arch](g, get_backend(backend))
+    model = ARCHITECTURES[arch](g, get_backend(backend))
+    model.source = g
+    return model

@@ -19,7 +19,7 @@ from ..backends import Backend
 from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
-from ..quants import QUANT_TYPES, dequantize
+from ..quants import QUANT_TYPES, count_non_finite, dequantize
 from .keys import read_float, read_int
 from .rope import RopeScaling, read_rope_scaling
 
@@ -208,6 +208,25 @@ class Decoder:
     hp: HParams
     backend: Backend
     freq_factors: np.ndarray
+    source: GGUFFile  # the file the weights came from (build_model sets it)
+
+    def non_finite_weights(self) -> dict[str, int]:
+        """Tensors of the file holding NaN or inf (values, or block scales) -> how many.
+        Reads every tensor once (an error path: the pages are released again after)."""
+        found = {name: count_non_finite(t.data, t.ggml_type) for name, t in self.source.tensors.items()}
+        self.source.release_pages()
+        return {name: n for name, n in found.items() if n}
+
+    def explain_non_finite(self) -> str:
+        """Why logits came out NaN or inf, for NumericalError's message."""
+        bad = self.non_finite_weights()
+        if not bad:
+            return ("every weight is finite, so an activation overflowed float32 on this input; "
+                    "another input or cache type may work")
+        listed = ", ".join(f"{name} ({n})" for name, n in list(bad.items())[:3])
+        more = f" and {len(bad) - 3} more tensors" if len(bad) > 3 else ""
+        return (f"the model file holds NaN or inf in {listed}{more}; it is corrupt or was converted wrongly: "
+                f"download or convert it again")
 
     def rope_factors(self, n_ctx: int) -> np.ndarray:
         """RoPE's per-dimension frequency divisors for a session of n_ctx tokens (Phi-3's
