@@ -4,13 +4,16 @@ What lives here: chunked evaluation (prefill in chunks of up to n_batch tokens, 
 one token at a time) on preallocated buffers, prefix reuse, in-memory snapshots
 (`snapshot` / `restore`, a `SessionState`), and the invariant
 `cache.n_tokens == len(tokens)` after every call, including one that raised or was
-interrupted. What does not: sampling (sampling.py), text (tokenizer.py), the public
+interrupted (the bookkeeping runs as `Uninterrupted` blocks, so a Ctrl-C lands either
+before or after it). What does not: sampling (sampling.py), text (tokenizer.py), the public
 facade (llama.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,6 +21,7 @@ import numpy as np
 
 from .cache import KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
+from .interrupts import Uninterrupted
 from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
@@ -25,6 +29,11 @@ log = logging.getLogger("edgekv")
 OVERFLOW_POLICIES = ("none", "shift", "stream")
 STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given
 STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time
+# The kinds of forward pass each model has run in this process. Numba loads (or compiles) a
+# kernel on its first call, and a KeyboardInterrupt inside its loader leaves Numba broken
+# (RuntimeError on the next call, a segfault later: test_interrupts.py found both), so the
+# first pass of each kind runs whole and a Ctrl-C during it acts when it ends.
+_PASSES_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -109,17 +118,19 @@ class Session:
         return self._last_logits[0]
 
     def reset(self) -> None:
-        self.cache.clear()
-        self.tokens.clear()
-        self._has_logits = False
-        self.n_discarded = 0
+        with Uninterrupted():
+            self.cache.clear()
+            self.tokens.clear()
+            self._has_logits = False
+            self.n_discarded = 0
 
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n_tokens tokens; logits are gone until the next evaluation."""
         n_tokens = max(0, min(n_tokens, len(self.tokens)))
-        self.cache.truncate(n_tokens)
-        del self.tokens[n_tokens:]
-        self._has_logits = False
+        with Uninterrupted():
+            self.cache.truncate(n_tokens)
+            del self.tokens[n_tokens:]
+            self._has_logits = False
 
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray | None:
         """Append ids to the session and run them through the model.
@@ -181,24 +192,31 @@ class Session:
         self.n_discarded += discard
 
     def _eval_chunk(self, chunk: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> None:
-        if self.context_shift != "none":
-            self._make_room(chunk.size)
-        res = self.cache.reserve(chunk.size)
-        try:
-            self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
-        except BaseException:
-            self.cache.rollback(res)
-            raise
-        if not np.isfinite(logits[rows.size - 1]).all():
-            self.cache.rollback(res)
-            raise NumericalError("the model produced NaN or infinite logits; the input was not added to the "
-                                 f"session: {self.model.explain_non_finite()}")
-        self.cache.commit(res)
-        if logits is self._spare_logits:
-            self._last_logits, self._spare_logits = self._spare_logits, self._last_logits
-        self.tokens.extend(int(t) for t in chunk)
-        self.n_evaluated += chunk.size
-        self._has_logits = True
+        """Evaluate one chunk, all or nothing: on an error or a Ctrl-C the cache forgets the
+        chunk's slots (a context shift made for it stays: it is complete and consistent)."""
+        with Uninterrupted() as bookkeeping:
+            if self.context_shift != "none":
+                self._make_room(chunk.size)
+            res = self.cache.reserve(chunk.size)
+            kind = (self.cache.type_k, self.cache.type_v, chunk.size == 1, rows.size == chunk.size)
+            ran = _PASSES_RUN.setdefault(self.model, set())
+            try:
+                with bookkeeping.interruptible() if kind in ran else contextlib.nullcontext():
+                    self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
+                ran.add(kind)
+            except BaseException:
+                self.cache.rollback(res)
+                raise
+            if not np.isfinite(logits[rows.size - 1]).all():
+                self.cache.rollback(res)
+                raise NumericalError("the model produced NaN or infinite logits; the input was not added to the "
+                                     f"session: {self.model.explain_non_finite()}")
+            self.cache.commit(res)
+            if logits is self._spare_logits:
+                self._last_logits, self._spare_logits = self._spare_logits, self._last_logits
+            self.tokens.extend(int(t) for t in chunk)
+            self.n_evaluated += chunk.size
+            self._has_logits = True
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         n = 0
@@ -228,12 +246,13 @@ class Session:
                 raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
                                   f"{name}={value}; a state fits only a session of the same model and context size")
         k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]
-        self.cache.load(k, v, pos, state.ring, state.n_tokens)  # the swap: nothing from here on can fail
-        self.tokens[:] = state.tokens
-        self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
-        self._has_logits = state.logits is not None
-        if state.logits is not None:
-            self._last_logits[0] = state.logits
+        with Uninterrupted():
+            self.cache.load(k, v, pos, state.ring, state.n_tokens)  # the swap: nothing from here on can fail
+            self.tokens[:] = state.tokens
+            self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
+            self._has_logits = state.logits is not None
+            if state.logits is not None:
+                self._last_logits[0] = state.logits
 
     def grown(self, new_n_ctx: int, n_batch: int | None = None) -> "Session":
         """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:

@@ -164,6 +164,58 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(chat):
     assert c.finish() == 130
 
 
+def test_a_second_ctrl_c_during_a_long_prompt_keeps_the_chat_whole(chat, tmp_path):
+    """The first Ctrl-C asks generation to stop after the current token; during a long prompt
+    no token comes for seconds, so a second one raises KeyboardInterrupt inside prompt
+    evaluation (a chunk of the forward pass, or its bookkeeping). Three prompts sized to take
+    ~2.5 s on this machine (its prompt speed measured first) cut so at random moments: each
+    time the statistics' KV equals the tokens kept, the next turn reuses them, and the saved
+    chat holds every message."""
+    import json
+    import random
+    import time
+
+    rng = random.Random(6)
+    c = chat(n_predict=4, n_ctx=32768)
+
+    def long_text(i: int, n_words: int) -> str:
+        return f"Summarise this: {' '.join(f'word{i}x{j}' for j in range(n_words))}"
+
+    c.child.sendline(long_text(0, 300))  # a long line: readline scrolls it, so only its end is echoed as is
+    c.child.expect_exact(long_text(0, 300)[-20:] + "\r\n")
+    c.child.expect(STATS)
+    first = c._counts()
+    speed = float(re.search(r"new tokens \(\d+ in all\), ([\d.]+) tokens/s", c.child.after).group(1))
+    c.prompt()
+    n_words = int(2.5 * speed / (first["new"] / 300))
+    questions = [long_text(i, n_words) for i in range(1, 4)]
+    kept = first["kv"]
+    for text in questions:
+        c.child.sendline(text)
+        c.child.expect_exact(text[-20:] + "\r\n")
+        time.sleep(rng.uniform(0.2, 1.2))
+        c.child.sendintr()
+        time.sleep(0.05)
+        c.child.sendintr()
+        c.child.expect_exact("[answer interrupted]")
+        c.child.expect(STATS)
+        counts = c._counts()
+        assert counts["gen"] == 0 and kept <= counts["kv"] < counts["total"]  # cut inside the prompt
+        kept = counts["kv"]
+        c.prompt()
+    answer, counts = c.ask("Name a colour.")
+    # -n 4 reached: the 4th token was sampled, not evaluated
+    assert counts["new"] < counts["total"] and counts["kv"] == counts["total"] + counts["gen"] - 1
+    saved = tmp_path / "cut.chat"
+    assert "saved 5 exchanges" in c.command(f"/save {saved}")
+    head = json.loads(saved.read_bytes().split(b"\n", 1)[0])
+    users = [m["content"] for m in head["messages"] if m["role"] == "user"]
+    assert users == [long_text(0, 300)] + questions + ["Name a colour."]
+    assert head["messages"][-1] == {"role": "assistant", "content": answer}
+    c.child.sendintr()  # at the prompt: quit
+    assert c.finish() == 130
+
+
 def test_undo_gives_the_answer_as_if_the_exchange_never_happened(chat):
     c = chat()
     c.ask("Name a fruit.")
