@@ -44,6 +44,34 @@ PAYLOADS = {
 }
 HARMLESS = {"macro globals"}  # a Macro has no __globals__: renders as nothing
 
+# Building a huge string from a small one without `*` (the gap issue 16's first run left):
+# each would take gigabytes, or more memory than the machine has, if it ran.
+GROWTH = {
+    "~ doubling in a namespace loop": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                                     "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "~ doubling written out": "{% set a = 'x' * 1000000 %}" + "".join(
+        f"{{% set a = a ~ a %}}" for _ in range(12)) + "{{ a|length }}",
+    "+ doubling": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+                  "{% endfor %}{{ ns.s|length }}",
+    "list + doubling": "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+                       "{% endfor %}{{ ns.l|length }}",
+    "format doubling": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                       "{% set ns.s = '{0}{0}'.format(ns.s) %}{% endfor %}{{ ns.s|length }}",
+    "% doubling": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = '%s%s' % (ns.s, ns.s) %}"
+                  "{% endfor %}{{ ns.s|length }}",
+    "ljust": "{{ 'a'.ljust(10**10)|length }}",
+    "center filter": "{{ 'a'|center(10**10)|length }}",
+    "format width": "{{ '{:>9999999999}'.format(1)|length }}",
+    "% width": "{{ ('%9999999999s' % 1)|length }}",
+    "% star width": "{{ ('%*s' % (9999999999, 1))|length }}",
+    "replace growth": "{% set a = 'a' * 1000000 %}{{ a.replace('a', a)|length }}",
+    "join growth": "{% set a = 'a' * 1000000 %}{{ ([a] * 1000000)|join('')|length }}",
+    "str join growth": "{% set a = 'a' * 1000000 %}{{ ''.join([a] * 1000000)|length }}",
+    "batch fill": "{{ [1]|batch(10**10, 0)|list|length }}",
+    "indent": "{{ 'a\nb'|indent(10**10)|length }}",
+    "lipsum": "{{ lipsum(10**9)|length }}",
+}
+
 
 @pytest.mark.parametrize("name", sorted(PAYLOADS))
 def test_hostile_template_is_blocked_within_bounds(name):
@@ -59,6 +87,16 @@ def test_hostile_template_is_blocked_within_bounds(name):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000  # KiB
 
 
+@pytest.mark.parametrize("name", sorted(GROWTH))
+def test_a_template_cannot_grow_a_string_without_bound(name):
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with pytest.raises(ChatTemplateError):
+        ChatFormatter(GROWTH[name]).render(MESSAGES)
+    assert time.perf_counter() - t0 < 2.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 300_000  # KiB: a few strings of 16 Mi
+
+
 def test_the_count_the_issue_asks_for():
     assert len(PAYLOADS) == 25
 
@@ -69,3 +107,10 @@ def test_budgets_leave_real_templates_alone():
     f = ChatFormatter(t)
     for _ in range(3):
         assert f.render(MESSAGES) == "-" * 10_000 + "1024"
+    # a long conversation (4 MB of text) through ~, +, %, format, join, replace and padding
+    big = [{"role": "user", "content": "word " * 800_000}]
+    t = ("{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s ~ m.content + '|' %}{% endfor %}"
+         "{{ ('%s' % ns.s).replace('word', 'w0rd') }}{{ '{:>10}'.format('x') }}{{ [ns.s, 'x']|join(',')|length }}"
+         "{{ 'a'.ljust(5) }}{{ 'b'|center(5) }}{{ [1, 2, 3]|batch(2, 0)|list|length }}")
+    out = ChatFormatter(t).render(big)
+    assert out.startswith("w0rd w0rd") and out.endswith(f"|         x{4_000_003}a      b  2")

@@ -1,7 +1,7 @@
 """Chat templates from GGUF metadata, rendered in a sandboxed Jinja2 environment.
 
 What lives here: `ChatFormatter`, which renders `tokenizer.chat_template` (untrusted input:
-it runs in Jinja2's ImmutableSandboxedEnvironment) with the variables Hugging Face and
+it runs in template_sandbox.py's bounded ImmutableSandboxedEnvironment) with the variables Hugging Face and
 llama-cpp-python provide (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
 `raise_exception`, `strftime_now`, `tools`, ...), the built-in fallbacks for GGUFs that
 carry no template, and which strings and token ids end an assistant turn. What does not:
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
 from datetime import datetime
 from typing import Any
 
 import jinja2
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError
+from .template_sandbox import StrictSandbox, make_environment, start_render
 from .tokenizer import Tokenizer
 
 CHATML_TEMPLATE = (
@@ -67,50 +66,11 @@ def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_
     return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
-# What a template may spend (Jinja2's sandbox bounds one range() to 100,000 items but not
-# nested loops, and not `'a' * 10**10`): items or characters one `*` may build, and range()
-# items over one render.
-MAX_BUILT = 1 << 20
-MAX_LOOP_ITEMS = 1_000_000
-_budget = threading.local()
-
-
-def _budgeted_range(*args: int) -> range:
-    r = range(*args)
-    left = getattr(_budget, "left", MAX_LOOP_ITEMS) - len(r)
-    if left < 0:
-        raise SecurityError(f"the template loops over more than {MAX_LOOP_ITEMS} range() items in one render")
-    _budget.left = left
-    return r
-
-
-class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, but an unsafe attribute raises at once instead of rendering as
-    '', and `*` / `**` cannot build a huge string, list or number."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_BUILT:
-                    raise SecurityError(f"'*' would build {len(seq) * n} items (at most {MAX_BUILT})")
-        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 4096:
-            raise SecurityError(f"'**' with exponent {right} (at most 4096)")
-        return super().call_binop(context, operator, left, right)
-
-
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = _StrictSandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
+def _make_environment() -> StrictSandbox:
+    env = make_environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    env.globals["range"] = _budgeted_range
     return env
 
 
@@ -160,7 +120,7 @@ class ChatFormatter:
                      "documents": None, **extra}
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
                          bos_token=self.bos_token, eos_token=self.eos_token)
-        _budget.left = MAX_LOOP_ITEMS
+        start_render()
         try:
             return self._compiled.render(**variables)
         except ChatTemplateError:
