@@ -10,7 +10,11 @@ The chain, as llama.cpp's common_sampler builds it (logit bias is added before t
 sampler sequence there, so it comes first here too):
 
     logits_processor callables -> logit_bias -> penalties (repeat, frequency, presence over
-    the last repeat_last_n tokens) -> top_k -> top_p -> min_p -> temperature -> draw
+    the last repeat_last_n tokens) -> grammar mask -> top_k -> top_p -> min_p -> temperature
+    -> draw
+
+The grammar mask (grammar.py's GrammarConstraint, when one is given) comes last before
+the choice, so no bias can bring back a token the grammar forbids.
 
 temperature <= 0 is greedy: the argmax after bias and penalties. Per token, the work on
 the full vocabulary is one copy into a buffer the sampler keeps, a few scattered updates,
@@ -21,7 +25,7 @@ top_k runs on the k survivors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -146,8 +150,9 @@ class Sampler:
 
     def __init__(self, params: SamplingParams | None = None, seed: int | None = 0,
                  rng: np.random.Generator | None = None,
-                 processors: Sequence[LogitsProcessor] | None = None):
+                 processors: Sequence[LogitsProcessor] | None = None, constraint: Any = None):
         self.params = params or SamplingParams()
+        self.constraint = constraint  # .apply(logits, history) masks in place (grammar.GrammarConstraint)
         self.rng = rng if rng is not None else make_rng(seed)
         self.processors = list(processors or ())
         self._buf: np.ndarray | None = None  # f32[n_vocab], reused every call
@@ -166,6 +171,8 @@ class Sampler:
             apply_logit_bias(buf, p.logit_bias)
         apply_penalties(buf, recent_tokens(history, p.repeat_last_n), p.repeat_penalty,
                         p.frequency_penalty, p.presence_penalty)
+        if self.constraint is not None:
+            self.constraint.apply(buf, history)
         return buf
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
@@ -205,9 +212,10 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 def sampler_for(*, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, logit_bias: Mapping[int, float] | None = None,
-                seed: int | None = 0, logits_processor: Sequence[LogitsProcessor] | None = None) -> Sampler:
+                seed: int | None = 0, logits_processor: Sequence[LogitsProcessor] | None = None,
+                constraint: Any = None) -> Sampler:
     """A Sampler from llama-cpp-python's keyword names (`temp`, `logits_processor`)."""
     params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                             repeat_last_n=repeat_last_n, frequency_penalty=frequency_penalty,
                             presence_penalty=presence_penalty, logit_bias=logit_bias)
-    return Sampler(params, seed=seed, processors=logits_processor)
+    return Sampler(params, seed=seed, processors=logits_processor, constraint=constraint)

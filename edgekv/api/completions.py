@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ContextFullError, EdgeKVError
+from ..grammar import GrammarConstraint, as_grammar, response_format_grammar
 from ..sampling import sampler_for, with_banned
 from . import reasoning
 from .compat import SAMPLER_OPTIONS, check_compat
@@ -43,7 +44,11 @@ class CompletionsMixin:
             sampling["logit_bias"] = with_banned(sampling.get("logit_bias"), is_end)
             is_end = set()
         criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
-        sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed)
+        grammar = sampling.pop("grammar", None)
+        if grammar is not None and ignore_eos:
+            raise EdgeKVError("a grammar cannot be combined with ignore_eos: the grammar decides where the text ends")
+        constraint = None if grammar is None else GrammarConstraint(grammar, self.tokenizer_, is_end)
+        sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed, constraint=constraint)
 
         def prompt_done() -> None:  # called once, when the prompt's logits exist
             stats.prompt_eval_s = time.perf_counter() - t0
@@ -116,7 +121,7 @@ class CompletionsMixin:
                           repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, seed: int | None = None, model: str | None = None,
                           logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                          ignore_eos: bool = False, **options: Any) -> dict | Iterator[dict]:
+                          ignore_eos: bool = False, grammar: Any = None, **options: Any) -> dict | Iterator[dict]:
         """Complete `prompt` (text, or token ids). max_tokens None or <= 0: until the context
         is full or an end-of-generation token. stop: a string or several; the text ends before
         the first one found (also across tokens, also when streaming). seed None: the Llama's.
@@ -124,9 +129,11 @@ class CompletionsMixin:
         token (llama.cpp's --ignore-eos; for long benchmark and test runs). logprobs=n: choices[0]["logprobs"] in the
         completions shape (tokens, text_offset, token_logprobs, top_logprobs with the n most
         likely and the chosen token; edgekv/logprobs.py), per chunk when streaming.
+        grammar: a grammar.Grammar (from_string for GBNF, from_json_schema, json_object, ...)
+        or GBNF text: only text the grammar allows is generated, and it ends when it may.
         Returns a `text_completion` dict (with `usage`), or an iterator of chunks when stream.
         options: logits_processor, stopping_criteria, repeat_last_n, and llama-cpp-python's
-        options that edgekv accepts only when off (suffix, grammar, mirostat_mode, ...)."""
+        options that edgekv accepts only when off (suffix, mirostat_mode, ...)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_completion", options)
         ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt, special=True)
@@ -136,7 +143,7 @@ class CompletionsMixin:
             raise EdgeKVError("logprobs with echo=True (log-probs of the prompt) is not supported by edgekv yet")
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+                        presence_penalty=presence_penalty, logit_bias=logit_bias, grammar=as_grammar(grammar))
         head = completion_head(model or self.model_path)
         prompt_text = self.detokenize(ids).decode("utf-8", errors="replace")
         prefix = prompt_text if echo else ""
@@ -156,6 +163,7 @@ class CompletionsMixin:
                                logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, ignore_eos: bool = False,
                                chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "none",
+                               response_format: dict[str, Any] | None = None, grammar: Any = None,
                                **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Sampling options as for create_completion (max_tokens None: until the turn ends or the
@@ -166,8 +174,11 @@ class CompletionsMixin:
         {"enable_thinking": False} for Qwen3. reasoning_format: "none" (the text as generated,
         as llama-cpp-python), "deepseek" or "auto" (llama-server's: a leading <think> block goes
         to message["reasoning_content"] / delta["reasoning_content"], the answer to content).
+        response_format: {"type": "json_object"} (any JSON object, or with "schema": one valid
+        against it) or OpenAI's {"type": "json_schema", "json_schema": {"schema": {...}}};
+        grammar: as for create_completion (give one of grammar and response_format).
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
-        options: as for create_completion (tools, response_format, ... only when off)."""
+        options: as for create_completion (tools ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_chat_completion", options)
         split = reasoning.check_format(reasoning_format)
@@ -182,9 +193,12 @@ class CompletionsMixin:
             ids = continue_after_shift(self._session.tokens, ids)
         ids = self._fit_prompt(ids)
         recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
+        if grammar is not None and response_format is not None:
+            raise EdgeKVError("give either grammar or response_format, not both")
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                        presence_penalty=presence_penalty, logit_bias=logit_bias)
+                        presence_penalty=presence_penalty, logit_bias=logit_bias,
+                        grammar=as_grammar(grammar) or response_format_grammar(response_format))
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)

@@ -34,7 +34,34 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--prompt-cache", metavar="FILE",
                    help="reuse the state saved in FILE when its tokens start the prompt; otherwise "
                         "evaluate the prompt and save its state to FILE (as llama.cpp)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--grammar", metavar="GBNF", help="constrain the output to a GBNF grammar (llama.cpp's format)")
+    shape.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from FILE")
+    shape.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                       help="constrain the output to JSON valid against this schema (JSON text, or @FILE)")
+    shape.add_argument("--json", action="store_true", help="constrain the output to one JSON object")
     p.set_defaults(handler=run)
+
+
+def read_grammar(args: argparse.Namespace):
+    """The --grammar / --grammar-file / --json-schema / --json option as a Grammar (None: none)."""
+    from ..grammar import Grammar
+
+    def text_of(path: str, what: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EdgeKVError(f"cannot read the {what} file {path}: {exc}") from exc
+
+    if args.grammar is not None:
+        return Grammar.from_string(args.grammar)
+    if args.grammar_file is not None:
+        return Grammar.from_string(text_of(args.grammar_file, "grammar"))
+    if args.json_schema is not None:
+        schema = args.json_schema
+        return Grammar.from_json_schema(text_of(schema[1:], "schema") if schema.startswith("@") else schema)
+    return Grammar.json_object() if args.json else None
 
 
 def process_escapes(text: str) -> str:
@@ -61,9 +88,10 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
+    grammar = read_grammar(args)  # a bad grammar fails before the model loads
     llm = make_llama(args)
     ids = llm.tokenize(prompt, special=True)
-    options = sampling_kwargs(args)
+    options = dict(sampling_kwargs(args), grammar=grammar)
     cache = _PromptCache(llm, args.prompt_cache, ids) if args.prompt_cache else None
     if cache is not None:
         options["stopping_criteria"] = cache

@@ -99,9 +99,29 @@ def sampling_options(body: dict, n_vocab: int) -> dict[str, Any]:
         ignore_eos=field(body, "ignore_eos", bool, "true or false"),  # llama.cpp server's extension
         # the facade decides whether it can honour these (an EdgeKVError -> 400 otherwise)
         logprobs=body.get("logprobs"), top_logprobs=body.get("top_logprobs"), tools=body.get("tools") or None,
-        response_format=None if body.get("response_format") in (None, {"type": "text"}) else body["response_format"],
+        grammar=_grammar(body),
     )
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _grammar(body: dict):
+    """response_format (OpenAI: json_object, json_schema), or llama-server's `json_schema`
+    (a schema) or `grammar` (GBNF) fields, as a Grammar; None when none is asked for."""
+    from ..grammar import Grammar, GrammarError, response_format_grammar
+
+    given = [k for k in ("response_format", "json_schema", "grammar") if body.get(k) is not None]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of {', '.join(given)}, not several", param=given[1])
+    try:
+        if body.get("json_schema") is not None:
+            return Grammar.from_json_schema(body["json_schema"])
+        if body.get("grammar") is not None:
+            if not isinstance(body["grammar"], str):
+                raise GrammarError("'grammar' must be GBNF text")
+            return Grammar.from_string(body["grammar"])
+        return response_format_grammar(body.get("response_format"))
+    except GrammarError as exc:
+        raise ApiError(400, str(exc), param=given[0] if given else None) from None
 
 
 def stream_flags(body: dict) -> tuple[bool, bool]:

@@ -1,0 +1,210 @@
+"""Constrained decoding: output that must match a grammar, a JSON schema or a regex.
+
+What lives here: `Grammar` (llama-cpp-python's `LlamaGrammar` role: `from_string` takes
+GBNF, `from_json_schema` a JSON schema, `json_object()` any JSON object, `from_lark`,
+`from_regex`), checked when made (GrammarError names the position); and
+`GrammarConstraint`, one generation's matcher: the sampler asks it, after logit bias and
+penalties, to set every token that would leave the grammar to -inf, and the end-of-turn
+tokens are allowed exactly when the grammar accepts.
+The engine is llguidance (MIT; what llama.cpp uses): it computes a token mask in tens of
+microseconds from a lazily built lexer, takes GBNF (through its gbnf_to_lark), Lark, regexes
+and most of JSON Schema, and ships abi3 wheels for x86-64 and aarch64. Its tokenizer view
+is built from the GGUF vocabulary (token bytes; control tokens marked special), once per
+tokenizer. What does not: sampling itself (sampling.py), the API options (api/).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import EdgeKVError
+from .text.tokenizer import Tokenizer
+from .text.vocab import ATTR_CONTROL, ATTR_USER_DEFINED
+
+
+class GrammarError(EdgeKVError):
+    """A grammar or schema that cannot be used (the message says where), or generation that
+    the grammar left with no allowed token."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.gbnf_to_lark
+    except ImportError as exc:  # a dependency, but a broken install should say what is missing
+        raise GrammarError(f"constrained decoding needs the llguidance package ({exc}); pip install llguidance") from exc
+    return llguidance
+
+
+class Grammar:
+    """What generated text must match, in llguidance's grammar form (`self.spec`)."""
+
+    def __init__(self, spec: str, source: str):
+        self.spec, self.source = spec, source
+        llg = _llguidance()
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(spec, None)
+        if is_error:
+            raise GrammarError(f"invalid {source}: {'; '.join(messages)}")
+
+    @classmethod
+    def from_string(cls, gbnf: str) -> "Grammar":
+        """A GBNF grammar (llama.cpp's format; the start rule is `root`)."""
+        llg = _llguidance()
+        try:
+            lark = llg.gbnf_to_lark.gbnf_to_lark(gbnf)
+        except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions on bad input
+            raise GrammarError(f"invalid GBNF grammar: {exc}") from None
+        return cls(llg.LLMatcher.grammar_from_lark(lark), "GBNF grammar")
+
+    @classmethod
+    def from_lark(cls, lark: str) -> "Grammar":
+        return cls(_llguidance().LLMatcher.grammar_from_lark(lark), "Lark grammar")
+
+    @classmethod
+    def from_regex(cls, regex: str) -> "Grammar":
+        return cls(_llguidance().LLMatcher.grammar_from_regex(regex), "regex")
+
+    @classmethod
+    def from_json_schema(cls, schema: str | dict) -> "Grammar":
+        """Text that is one JSON value valid against `schema` (a dict or its JSON text). A
+        schema keyword llguidance cannot enforce is refused, not ignored."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"a JSON schema is an object, got {type(schema).__name__}")
+        llg = _llguidance()
+        try:
+            spec = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+        except Exception as exc:  # noqa: BLE001 - llguidance raises ValueError/TypeError subclasses
+            raise GrammarError(f"invalid JSON schema: {exc}") from None
+        return cls(spec, "JSON schema")
+
+    @classmethod
+    def json_object(cls) -> "Grammar":
+        """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+        return cls.from_json_schema({"type": "object"})
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.source})"
+
+
+_views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _TokenizerView:
+    """What llguidance's TokenizerWrapper reads from a tokenizer: each token's bytes (control
+    tokens prefixed with 0xff, as llguidance's llama.cpp binding marks them), the special
+    ids, and encoding of bytes."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        vocab = tokenizer.vocab
+        self._tokenizer = tokenizer
+        self.tokens = []
+        self.special_token_ids = []
+        for i in range(tokenizer.n_vocab):
+            piece = tokenizer.token_to_piece(i)
+            attr = vocab.attrs[i]
+            if attr & ATTR_CONTROL or (attr & ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">")):
+                piece = b"\xff" + piece
+                self.special_token_ids.append(i)
+            self.tokens.append(piece)
+        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+        self.bos_token_id = tokenizer.bos_id
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tokenizer.encode(bytes(text), add_bos=False, add_eos=False, special=False)
+
+
+def _llg_tokenizer(tokenizer: Tokenizer):
+    """llguidance's tokenizer for ours, made once per tokenizer (about a second for 262k tokens)."""
+    made = _views.get(tokenizer)
+    if made is None:
+        llg = _llguidance()
+        from llguidance._tokenizer import TokenizerWrapper
+
+        eos = sorted(tokenizer.eog_ids) or [_TokenizerView(tokenizer).eos_token_id]
+        made = _views[tokenizer] = llg.LLTokenizer(TokenizerWrapper(_TokenizerView(tokenizer)),
+                                                   n_vocab=tokenizer.n_vocab, eos_token=eos)
+    return made
+
+
+class GrammarConstraint:
+    """One generation under a grammar: `apply(logits, history)` sets the logits of every
+    token the grammar forbids next to -inf, after consuming the tokens generated since the
+    last call (history = prompt + generated; the prompt is what history held at the first
+    call). end_ids (the turn's end tokens) are allowed exactly when the grammar accepts."""
+
+    def __init__(self, grammar: Grammar, tokenizer: Tokenizer, end_ids: Iterable[int] = ()):
+        llg = _llguidance()
+        self.tokenizer = tokenizer
+        self.matcher = llg.LLMatcher(_llg_tokenizer(tokenizer), grammar.spec, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"{grammar.source}: {self.matcher.get_error()}")
+        self.end_ids = np.array(sorted(set(end_ids) | set(tokenizer.eog_ids)), np.int64)
+        self._start: int | None = None
+        self._consumed = 0
+        n = tokenizer.n_vocab
+        self._bits = np.empty((n + 31) // 32, np.int32)
+
+    def _catch_up(self, history: Sequence[int]) -> None:
+        if self._start is None:
+            self._start = len(history)
+        new = list(history[self._start + self._consumed :])
+        if new:
+            self.matcher.consume_tokens([int(t) for t in new])
+            self._consumed += len(new)
+            if self.matcher.is_error():
+                raise GrammarError(f"the grammar rejected a generated token: {self.matcher.get_error()}")
+
+    def apply(self, logits: np.ndarray, history: Sequence[int]) -> None:
+        """Mask logits f32[n_vocab] in place."""
+        self._catch_up(history)
+        n = logits.shape[0]
+        if self.matcher.is_stopped():
+            allowed = np.zeros(n, bool)
+        else:
+            self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:n].astype(bool)
+        if self.matcher.is_accepting() or self.matcher.is_stopped():
+            allowed[self.end_ids[self.end_ids < n]] = True
+        if not allowed.any():
+            raise GrammarError("the grammar allows no token at this point of the output")
+        logits[~allowed] = -np.inf
+
+
+def response_format_grammar(response_format: Any) -> Grammar | None:
+    """The grammar an OpenAI / llama-cpp-python `response_format` asks for: {"type": "text"}
+    (none), {"type": "json_object"} (optionally with "schema", as llama-cpp-python takes it),
+    or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+        raise GrammarError('response_format must be an object like {"type": "json_object"}')
+    kind = response_format["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = response_format.get("schema")
+        return Grammar.json_object() if schema is None else Grammar.from_json_schema(schema)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise GrammarError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+        return Grammar.from_json_schema(spec["schema"])
+    raise GrammarError(f"response_format type {kind!r} is not one of text, json_object, json_schema")
+
+
+def as_grammar(grammar: Any) -> Grammar | None:
+    """A `grammar=` argument: a Grammar, GBNF text, or None."""
+    if grammar is None or isinstance(grammar, Grammar):
+        return grammar
+    if isinstance(grammar, str):
+        return Grammar.from_string(grammar)
+    raise GrammarError(f"grammar must be a Grammar or GBNF text, got {type(grammar).__name__}")
