@@ -29,7 +29,6 @@ IGNORED_OPTIONS = frozenset({
 OFF_VALUES: dict[str, tuple | None] = {
     "suffix": (None,), "top_logprobs": (None,), "typical_p": (1.0,),
     "mirostat_mode": (0,), "functions": (None,), "function_call": (None,),
-    "tools": (None,), "tool_choice": (None, "none", "auto"),
     "tfs_z": None, "penalize_nl": None, "mirostat_tau": None, "mirostat_eta": None,
 }
 # generate() keywords that create_completion passes through **options

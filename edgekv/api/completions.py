@@ -21,7 +21,8 @@ from .compat import SAMPLER_OPTIONS, check_compat
 from .context_growth import continue_after_shift
 from .logprobs import LogprobRecorder, chat_recorder, make_recorder
 from .responses import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
-                        completion_chunks, completion_head, stop_list, text_completion)
+                        completion_chunks, completion_head, stop_list, text_completion, whole_chat_chunks)
+from .tools import ToolCalling
 
 
 class CompletionsMixin:
@@ -164,6 +165,7 @@ class CompletionsMixin:
                                top_logprobs: int | None = None, ignore_eos: bool = False,
                                chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "none",
                                response_format: dict[str, Any] | None = None, grammar: Any = None,
+                               tools: list[dict] | None = None, tool_choice: Any = None,
                                **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Sampling options as for create_completion (max_tokens None: until the turn ends or the
@@ -177,6 +179,9 @@ class CompletionsMixin:
         response_format: {"type": "json_object"} (any JSON object, or with "schema": one valid
         against it) or OpenAI's {"type": "json_schema", "json_schema": {"schema": {...}}};
         grammar: as for create_completion (give one of grammar and response_format).
+        tools / tool_choice: OpenAI's (api/tools.py): the answer is a call whose arguments
+        match the function's parameters (finish_reason "tool_calls", message["tool_calls"]) or,
+        with "auto", text; a stream with tools sends the answer whole once it is complete.
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (tools ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
@@ -186,7 +191,11 @@ class CompletionsMixin:
             raise EdgeKVError(f"chat_template_kwargs must be a dict of template variables, "
                               f"got {type(chat_template_kwargs).__name__}")
         formatter = self.chat_formatter
-        prompt = formatter.render(messages, add_generation_prompt=True, **(chat_template_kwargs or {}))
+        calling = ToolCalling(tools, tool_choice, formatter.template)
+        if calling.active and (grammar is not None or response_format is not None):
+            raise EdgeKVError("tools cannot be combined with grammar or response_format")
+        prompt = formatter.render(calling.messages(messages), add_generation_prompt=True,
+                                  **{**calling.template_kwargs(), **(chat_template_kwargs or {})})
         splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
         ids = formatter.tokenize_prompt(prompt)
         if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
@@ -198,12 +207,32 @@ class CompletionsMixin:
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias,
-                        grammar=as_grammar(grammar) or response_format_grammar(response_format))
+                        grammar=calling.grammar() or as_grammar(grammar) or response_format_grammar(response_format))
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
         pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos)
+        if calling.active:
+            return _tool_answer(head, pieces, calling, stream, self)
         if stream:
             return chat_chunks(head, pieces, splitter)
         text, finish, records = collect(pieces)
         return chat_completion(head, text, finish, self.last_stats, records, splitter)
+
+
+def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool, llm: Any) -> dict | Iterator[dict]:
+    """An answer that may be a tool call: generated whole, then shaped (a stream's chunks
+    come once it is complete: a call is sent whole, as its arguments must parse)."""
+    def finished() -> tuple[str, str, list | None, list[dict] | None]:
+        text, finish, records = collect(pieces)
+        return text, finish, records, calling.calls(text)
+
+    if not stream:
+        text, finish, records, calls = finished()
+        return chat_completion(head, text, finish, llm.last_stats, records, None, calls)
+
+    def chunks() -> Iterator[dict]:
+        text, finish, _, calls = finished()
+        yield from whole_chat_chunks(head, text, finish, calls)
+
+    return chunks()

@@ -136,15 +136,20 @@ def chat_head(model: str, kind: str) -> dict[str, Any]:
 
 
 def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
-                    records: list[TokenLogprob] | None = None, splitter: ReasoningSplitter | None = None) -> dict:
+                    records: list[TokenLogprob] | None = None, splitter: ReasoningSplitter | None = None,
+                    tool_calls: list[dict] | None = None) -> dict:
     """A `chat.completion` response (logprobs from records when given); with a splitter, the
-    reasoning goes to message["reasoning_content"] (when there is any) and the answer to content."""
+    reasoning goes to message["reasoning_content"] (when there is any) and the answer to content;
+    with tool_calls, content is None and finish_reason "tool_calls" (OpenAI's shape)."""
     logprobs = None if records is None else chat_logprobs(records)
     message = dict(role="assistant", content=text)
     if splitter is not None:
         reasoning, message["content"] = splitter.whole(text)
         if reasoning:
             message["reasoning_content"] = reasoning.rstrip()
+    if tool_calls:
+        message.update(content=None, tool_calls=tool_calls)
+        finish = "tool_calls"
     choice = dict(index=0, message=message, logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 
@@ -154,6 +159,19 @@ def _deltas(text: str, splitter: ReasoningSplitter | None, last: bool) -> dict[s
         return dict(content=text) if text else {}
     reasoning, content = splitter.whole(text) if last else splitter.push(text)
     return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
+
+
+def whole_chat_chunks(head: dict, text: str, finish: str, tool_calls: list[dict] | None) -> Iterator[dict]:
+    """A finished answer as `chat.completion.chunk`s: the role, then the content or the tool
+    calls (each whole, with its index, as OpenAI streams them), then the finish reason."""
+    yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
+    if tool_calls:
+        delta = dict(tool_calls=[dict(call, index=i) for i, call in enumerate(tool_calls)])
+        finish = "tool_calls"
+    else:
+        delta = dict(content=text)
+    yield dict(head, choices=[dict(index=0, delta=delta, logprobs=None, finish_reason=None)])
+    yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
 
 
 def chat_chunks(head: dict, pieces: Pieces, splitter: ReasoningSplitter | None = None) -> Iterator[dict]:

@@ -99,7 +99,7 @@ def sampling_options(body: dict, n_vocab: int) -> dict[str, Any]:
         ignore_eos=field(body, "ignore_eos", bool, "true or false"),  # llama.cpp server's extension
         # the facade decides whether it can honour these (an EdgeKVError -> 400 otherwise)
         logprobs=body.get("logprobs"), top_logprobs=body.get("top_logprobs"), tools=body.get("tools") or None,
-        grammar=_grammar(body),
+        tool_choice=body.get("tool_choice"), grammar=_grammar(body),
     )
     return {k: v for k, v in options.items() if v is not None}
 
@@ -151,7 +151,25 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
         entry = dict(role=message["role"], content=content or "")
         if isinstance(message.get("reasoning_content"), str):  # an earlier answer's reasoning (templates may use it)
             entry["reasoning_content"] = message["reasoning_content"]
+        entry.update(_tool_fields(message, i))
         out.append(entry)
+    return out
+
+
+def _tool_fields(message: dict, i: int) -> dict[str, Any]:
+    """An assistant message's tool_calls, a tool message's tool_call_id and name (checked)."""
+    out: dict[str, Any] = {}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+                for c in calls):
+            raise ApiError(400, f"messages[{i}].tool_calls must be a list of {{id, type, function: {{name, arguments}}}}",
+                           param="messages")
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
     return out
 
 

@@ -1,0 +1,181 @@
+"""Tool calls (OpenAI's `tools` / `tool_choice`) for create_chat_completion.
+
+What lives here: `ToolCalling`, which checks the request's tools and tool_choice, prepares
+the conversation for the model's template, gives the grammar that makes the model's answer
+a valid call (or lets it answer in text, for "auto"), and reads the calls back out of the
+generated text. Two formats:
+  - "hermes": the template renders `tools` itself and expects
+    `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen 2.5/3, Hermes);
+    earlier calls and tool results go to the template as Hugging Face passes them;
+  - "json" (any other template): a system message lists the functions and asks for a bare
+    `{"name": ..., "arguments": {...}}`; earlier calls become assistant text and tool results
+    user messages ("Function NAME returned: ...").
+The arguments always match the function's `parameters` schema (with additionalProperties
+false unless it says otherwise): the grammar enforces it.
+What does not: generation and the response shapes (completions.py, responses.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from ..errors import EdgeKVError
+from ..grammar import Grammar
+
+_HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+class ToolCalling:
+    def __init__(self, tools: Any, tool_choice: Any, template: str):
+        self.functions = _functions(tools)
+        self.choice = _choice(tool_choice, self.functions)
+        self.format = "hermes" if "<tool_call>" in template and "tools" in template else "json"
+
+    @property
+    def active(self) -> bool:
+        """Whether the model may call a function in this answer."""
+        return self.choice != "none"
+
+    # -- the prompt ------------------------------------------------------------------------
+
+    def messages(self, messages: list[dict]) -> list[dict]:
+        """The conversation as the template should see it."""
+        if self.format == "hermes":
+            return [_hf_message(m) for m in messages]
+        out, names = [], {}
+        for m in messages:
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                calls = [_call_dict(c) for c in m["tool_calls"]]
+                names.update((c.get("id"), c["function"]["name"]) for c in m["tool_calls"] if isinstance(c, dict))
+                text = "\n".join(json.dumps({"name": c["name"], "arguments": c["arguments"]}) for c in calls)
+                out.append({"role": "assistant", "content": text})
+            elif m.get("role") == "tool":
+                name = m.get("name") or names.get(m.get("tool_call_id"), "the function")
+                out.append({"role": "user", "content": f"Function {name} returned: {m.get('content')}"})
+            else:
+                out.append(m)
+        if self.functions:
+            out = self._with_instructions(out)
+        return out
+
+    def _with_instructions(self, messages: list[dict]) -> list[dict]:
+        listing = json.dumps([{"name": f["name"], "description": f.get("description", ""),
+                               "parameters": f.get("parameters", {})} for f in self.functions])
+        must = {"none": "Do not call a function now; answer in plain text.",
+                "auto": "Otherwise answer in plain text.",
+                "required": "You must call one of them now."}.get(self.choice, f"You must call {self.choice} now.")
+        text = (f"You can call these functions: {listing}\nTo call one, answer with only a JSON object "
+                f'{{"name": <function name>, "arguments": <its arguments>}}. {must}')
+        if messages and messages[0].get("role") == "system":
+            return [dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{text}")] + messages[1:]
+        return [{"role": "system", "content": text}] + messages
+
+    def template_kwargs(self) -> dict[str, Any]:
+        if self.format == "hermes" and self.functions:
+            return {"tools": [{"type": "function", "function": f} for f in self.functions]}
+        return {}
+
+    # -- the answer ------------------------------------------------------------------------
+
+    def grammar(self) -> Grammar | None:
+        """What the answer may be: a call (required, a named function), a call or text
+        (auto), or anything (none)."""
+        if not self.active:
+            return None
+        wanted = self.functions if self.choice in ("auto", "required") else \
+            [f for f in self.functions if f["name"] == self.choice]
+        call = json.dumps({"x-guidance": {"whitespace_flexible": False}, "anyOf": [{"type": "object", "properties": {
+            "name": {"const": f["name"]}, "arguments": _closed(f.get("parameters") or {"type": "object"})},
+            "required": ["name", "arguments"], "additionalProperties": False} for f in wanted]})
+        if self.format == "hermes":
+            rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
+            text = r"/[^<][\s\S]*/"
+        else:
+            rules = f"call: %json {call}"
+            text = r"/[^{][\s\S]*/"
+        start = "start: call | text\ntext: " + text if self.choice == "auto" else "start: call"
+        return Grammar.from_lark(f"{start}\n{rules}")
+
+    def calls(self, text: str) -> list[dict] | None:
+        """The tool calls in a generated answer (OpenAI's message["tool_calls"]), or None
+        when the answer is text."""
+        if not self.active:
+            return None
+        if self.format == "hermes":
+            found = _HERMES_CALL.findall(text)
+        else:
+            found = [text.strip()] if text.strip().startswith("{") else []
+        calls = []
+        for raw in found:
+            try:
+                call = json.loads(raw)
+            except json.JSONDecodeError:
+                return None
+            if not isinstance(call, dict) or call.get("name") not in {f["name"] for f in self.functions}:
+                return None
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}})
+        return calls or None
+
+
+def _functions(tools: Any) -> list[dict]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise EdgeKVError("tools must be a list of {\"type\": \"function\", \"function\": {...}}")
+    functions = []
+    for i, tool in enumerate(tools):
+        f = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise EdgeKVError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                              f"\"parameters\": {{...}}}}}}")
+        if not isinstance(f.get("parameters", {}), dict):
+            raise EdgeKVError(f"tools[{i}].function.parameters must be a JSON schema object")
+        functions.append(f)
+    return functions
+
+
+def _choice(tool_choice: Any, functions: list[dict]) -> str:
+    if tool_choice is None:
+        return "auto" if functions else "none"
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice != "none" and not functions:
+            raise EdgeKVError(f"tool_choice={tool_choice!r} needs tools")
+        return tool_choice
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if name not in {f["name"] for f in functions}:
+        raise EdgeKVError(f"tool_choice {tool_choice!r} names no function in tools (use none, auto, required or "
+                          f'{{"type": "function", "function": {{"name": ...}}}})')
+    return name
+
+
+def _closed(schema: dict) -> dict:
+    """The parameters schema with additionalProperties false unless it says otherwise: a
+    call holds only the declared arguments (OpenAI's strict mode requires the same), and a
+    small model cannot wander off into invented ones until max_tokens."""
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        return dict(schema, additionalProperties=False)
+    return schema
+
+
+def _call_dict(call: Any) -> dict:
+    """An OpenAI tool call ({"function": {"name", "arguments": JSON text}}) as {"name", "arguments": dict}."""
+    f = call.get("function", call) if isinstance(call, dict) else {}
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass
+    return {"name": f.get("name"), "arguments": args}
+
+
+def _hf_message(m: dict) -> dict:
+    """An OpenAI message as Hugging Face templates read it (tool call arguments as objects)."""
+    if m.get("role") == "assistant" and m.get("tool_calls"):
+        calls = [{"type": "function", "function": _call_dict(c)} for c in m["tool_calls"]]
+        return dict(m, content=m.get("content") or "", tool_calls=calls)
+    return m

@@ -1,0 +1,130 @@
+"""Tool calls (edgekv/api/tools.py; issue 18): OpenAI's tools / tool_choice on SmolLM2 (whose
+template knows no tools: the generic JSON format) and on a Qwen2.5 template (the model's own
+<tool_call> format), through the Python API and through `edgekv serve` with the official
+`openai` client: the model calls a function, the result goes back, the model answers.
+Arguments are checked with the `jsonschema` package against the function's parameters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+
+from edgekv import Llama
+from edgekv.errors import EdgeKVError
+from edgekv.server import create_app
+from test_server import WAIT_S, serving
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
+             "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                              "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+             "required": ["a", "b"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+QWEN_TEMPLATE = Path(__file__).parent / "reference" / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+
+
+def check_call(call: dict, name: str | None = None) -> dict:
+    """A tool call's shape; its arguments parsed and validated against the function's schema."""
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    function = next(t["function"] for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+    assert name is None or function["name"] == name
+    args = json.loads(call["function"]["arguments"])
+    jsonschema.validate(args, function["parameters"])
+    return args
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return Llama(str(smollm2_path), n_ctx=1024)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_a_required_or_named_call(llm, choice):
+    for seed in (None, 1, 2):
+        r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice=choice, max_tokens=80, seed=seed,
+                                       temperature=0 if seed is None else 0.9)
+        choice0 = r["choices"][0]
+        assert choice0["finish_reason"] == "tool_calls" and choice0["message"]["content"] is None
+        [call] = choice0["message"]["tool_calls"]
+        check_call(call, None if choice == "required" else "add")
+
+
+def test_auto_answers_text_or_a_valid_call_and_none_answers_text(llm):
+    r = llm.create_chat_completion(ASK, tools=TOOLS, max_tokens=40, temperature=0)  # tool_choice auto
+    message = r["choices"][0]["message"]
+    if message.get("tool_calls"):
+        check_call(message["tool_calls"][0])
+    else:
+        assert message["content"] and not message["content"].lstrip().startswith("{")
+    r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="none", max_tokens=20, temperature=0)
+    assert "tool_calls" not in r["choices"][0]["message"] and r["choices"][0]["message"]["content"]
+
+
+def test_a_streamed_call_comes_whole(llm):
+    chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
+                                             temperature=0, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    [call] = chunks[1]["choices"][0]["delta"]["tool_calls"]
+    assert call["index"] == 0 and check_call(call)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tools={"x": 1}), "tools must be a list"),
+    (dict(tools=[{"type": "function", "function": {"description": "no name"}}]), r"tools\[0\]"),
+    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "names no function"),
+    (dict(tool_choice="required"), "needs tools"),
+    (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "cannot be combined"),
+])
+def test_bad_tool_requests_are_refused(llm, kwargs, message):
+    with pytest.raises(EdgeKVError, match=message):
+        llm.create_chat_completion(ASK, max_tokens=4, **kwargs)
+
+
+def test_the_models_own_format_on_a_qwen_template(tiny_model):
+    """Qwen2.5's template lists the tools itself and expects <tool_call> JSON </tool_call>;
+    a tiny random model under the grammar writes exactly that, and the call is read back."""
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=2048)
+    prompt = llm.chat_formatter.render(ASK, tools=TOOLS)
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.5, seed=3)
+    [call] = r["choices"][0]["message"]["tool_calls"]
+    check_call(call)
+    # the call and its result go back through the template as Hugging Face passes them
+    follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    rendered = llm.chat_formatter.render(follow, tools=TOOLS)
+    assert "<tool_response>\nsunny\n</tool_response>" in rendered and "<tool_call>" in rendered
+
+
+def test_round_trip_through_the_openai_client(llm):
+    with serving(create_app(llm)) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+        first = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
+                                               temperature=0, max_tokens=80)
+        assert first.choices[0].finish_reason == "tool_calls"
+        call = first.choices[0].message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, next(t["function"]["parameters"] for t in TOOLS
+                                       if t["function"]["name"] == call.function.name))
+        result = "18 degrees and sunny" if call.function.name == "get_weather" else str(args["a"] + args["b"])
+        messages = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": result}]
+        final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="none",
+                                               temperature=0, max_tokens=30)
+        assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+        streamed = list(client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
+                                                       temperature=0, max_tokens=80, stream=True))
+        deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+        assert deltas and deltas[0][0].function.name == call.function.name
+        bad = client.chat.completions.with_raw_response  # a bad tool_choice is a 400
+        with pytest.raises(openai.BadRequestError, match="names no function"):
+            bad.create(model="m", messages=ASK, tools=TOOLS, tool_choice={"type": "function",
+                                                                         "function": {"name": "nope"}})
