@@ -128,3 +128,23 @@ def test_round_trip_through_the_openai_client(llm):
         with pytest.raises(openai.BadRequestError, match="names no function"):
             bad.create(model="m", messages=ASK, tools=TOOLS, tool_choice={"type": "function",
                                                                          "function": {"name": "nope"}})
+
+
+def test_round_trip_through_langchain(llm):
+    """LangChain's ChatOpenAI with bind_tools, a second real client: the model calls the
+    function (tool_choice "any" is LangChain's "required"), the result goes back as a
+    ToolMessage, the model answers."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    with serving(create_app(llm)) as port:
+        chat = ChatOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", model="m", temperature=0,
+                          max_tokens=80, max_retries=0, timeout=WAIT_S)
+        messages = [HumanMessage("What is the weather in Paris?")]
+        called = chat.bind_tools(TOOLS, tool_choice="any").invoke(messages)
+        [call] = called.tool_calls
+        jsonschema.validate(call["args"], next(t["function"]["parameters"] for t in TOOLS
+                                               if t["function"]["name"] == call["name"]))
+        messages += [called, ToolMessage("18 degrees and sunny", tool_call_id=call["id"])]
+        answer = chat.bind_tools(TOOLS, tool_choice="none").invoke(messages)
+        assert answer.content and not answer.tool_calls
