@@ -7,7 +7,9 @@ moments, and the checks that follow each cut.
         line: {"round", "phase", "landed" (where the signal arrived), "failures": [...]}.
         Phases: prefill (chunks of 9..30 tokens, n_batch 8), decode (one token at a time),
         both overflowing the context once full; shift (decode in a full context: every token
-        makes a context shift, n_discard 1); save (save_session over the same file).
+        makes a context shift, n_discard 1; the child sends itself the SIGINT from inside a
+        shift, after a random layer, and prints `go ROUND shift self`); save (save_session
+        over the same file).
     python tests/interrupt_driver.py saves MODEL STATE_PATH
         Saves two different sessions over STATE_PATH in turn, forever (the parent kills it
         with SIGKILL); prints `saving` when the first save is done.
@@ -76,11 +78,29 @@ class Rounds:
     def work(self, phase: str) -> None:
         """PHASE's work, forever (until a KeyboardInterrupt)."""
         s = self.s
+        if phase == "shift":
+            self.interrupt_inside_a_shift()
         while True:
             if phase == "save":
                 save_session(s, self.fingerprint, self.path)
                 continue
             self.evaluate(1 if phase in ("decode", "shift") else int(self.rng.integers(9, 31)))
+
+    def interrupt_inside_a_shift(self) -> None:
+        """Have the SIGINT sent from inside a context shift, after a random layer of one of
+        the next three shifts: a signal from the parent lands there only by chance (a shift
+        is ~30% of a token's time), this one always does."""
+        net = self.model.network
+        shift_keys, fire_at, calls = type(net).shift_keys, int(self.rng.integers(3 * net.hp.n_layers)), [0]
+
+        def shift_then_maybe_interrupt(layer, k, delta, n_ctx=0):
+            shift_keys(net, layer, k, delta, n_ctx)
+            calls[0] += 1
+            if calls[0] == fire_at + 1:
+                del net.shift_keys  # the class's again; the signal is handled after this returns
+                os.kill(os.getpid(), signal.SIGINT)
+
+        net.shift_keys = shift_then_maybe_interrupt
 
     def evaluate(self, n: int) -> None:
         """The next n tokens of the stream, its chunks recorded first (for the control)."""
@@ -159,7 +179,7 @@ class Rounds:
             while phase == "shift" and self.s.n_tokens < N_CTX:  # every token of the phase shifts
                 self.evaluate(N_BATCH)
             try:
-                print(f"go {r} {phase}", flush=True)
+                print(f"go {r} {phase}" + (" self" if phase == "shift" else ""), flush=True)
                 self.work(phase)
             except KeyboardInterrupt:
                 pass

@@ -26,7 +26,7 @@ from interrupt_driver import N_CTX
 
 DRIVER = str(Path(__file__).with_name("interrupt_driver.py"))
 WAIT_S = 120  # the longest the child may take to answer: then the test fails
-MAX_DELAY_S = {"prefill": 0.03, "decode": 0.03, "shift": 0.03, "save": 0.01}
+MAX_DELAY_S = {"prefill": 0.03, "decode": 0.03, "save": 0.01}
 N_KILLS = 6
 
 
@@ -68,8 +68,9 @@ def test_fifty_sigints_at_random_moments_leave_the_session_whole(tiny_model, tmp
         for r in range(50):
             go = child.line().split()
             assert go[:2] == ["go", str(r)]
-            time.sleep(rng.uniform(0, MAX_DELAY_S[go[2]]))
-            os.kill(child.proc.pid, signal.SIGINT)
+            if go[-1] != "self":  # the shift phase interrupts itself, from inside a shift
+                time.sleep(rng.uniform(0, MAX_DELAY_S[go[2]]))
+                os.kill(child.proc.pid, signal.SIGINT)
             results.append(json.loads(child.line()))
         assert child.proc.wait(WAIT_S) == 0
     finally:
