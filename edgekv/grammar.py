@@ -129,9 +129,9 @@ def _llg_tokenizer(tokenizer: Tokenizer):
         llg = _llguidance()
         from llguidance._tokenizer import TokenizerWrapper
 
-        eos = sorted(tokenizer.eog_ids) or [_TokenizerView(tokenizer).eos_token_id]
-        made = _views[tokenizer] = llg.LLTokenizer(TokenizerWrapper(_TokenizerView(tokenizer)),
-                                                   n_vocab=tokenizer.n_vocab, eos_token=eos)
+        view = _TokenizerView(tokenizer)
+        eos = sorted(tokenizer.eog_ids) or [view.eos_token_id]
+        made = _views[tokenizer] = llg.LLTokenizer(TokenizerWrapper(view), n_vocab=tokenizer.n_vocab, eos_token=eos)
     return made
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from .backends.cpu import CPUBackend
 from .errors import EdgeKVError
 from .gguf import GGUFFile
-from .quants import QUANT_TYPES, count_non_finite
+from .quants import QUANT_TYPES, non_finite_tensors
 
 SHOWN_ITEMS = 8  # an array longer than this is shown as its length and first items
 
@@ -117,11 +117,7 @@ def inspect_gguf(path: str | os.PathLike, check_tensors: bool = False) -> dict[s
                   chat_template=template if isinstance(template, str) else None)
     problems = _model_problems(g)
     if check_tensors:
-        for t in g.tensors.values():
-            if t.ggml_type in QUANT_TYPES:
-                n = count_non_finite(t.data, t.ggml_type)
-                if n:
-                    problems.append(f"tensor {t.name!r} holds {n} NaN or inf (values or block scales)")
-        g.release_pages()
+        problems += [f"tensor {name!r} holds {n} NaN or inf (values or block scales)"
+                     for name, n in non_finite_tensors(g).items()]
     report["problems"] = problems
     return report

@@ -2,7 +2,8 @@
 
 What lives here: `QUANT_TYPES` (one `QuantType` per supported ggml type, keyed by its
 ggml type id), `row_nbytes`, `dequantize` (any supported type, file layout -> float32),
-`count_non_finite` (NaN/inf in a tensor's values or block scales),
+`count_non_finite` (NaN/inf in a tensor's values or block scales) and `non_finite_tensors`
+(the same over a whole file),
 and the KV-cache formats: `KV_CACHE_TYPES` with a row quantizer and a row dequantizer
 per cache type, both @njit kernels callable from other Numba code, and `quantize`, a
 vectorized Python entry over many rows. What does not: the kernels themselves
@@ -50,13 +51,16 @@ Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .errors import UnsupportedModelError
 from .kernels import dequant, quantize as kq
+
+if TYPE_CHECKING:
+    from .gguf import GGUFFile
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,16 @@ def count_non_finite(raw: np.ndarray, ggml_type: int) -> int:
         return int(np.count_nonzero((raw.view(np.uint16) & exp) == exp))
     blocks = raw[: raw.size - raw.size % q.type_size].reshape(-1, q.type_size)
     return sum(int(np.count_nonzero(~np.isfinite(blocks[:, o : o + 2].copy().view(np.float16)))) for o in q.scales)
+
+
+def non_finite_tensors(g: GGUFFile) -> dict[str, int]:
+    """Tensors of an open GGUF holding NaN or inf (count_non_finite) -> how many; tensors of
+    types edgekv does not know are skipped. Reads every tensor once, then drops the file's
+    pages from this process again (GGUFFile.release_pages)."""
+    found = {name: count_non_finite(t.data, t.ggml_type) for name, t in g.tensors.items()
+             if int(t.ggml_type) in QUANT_TYPES}
+    g.release_pages()
+    return {name: n for name, n in found.items() if n}
 
 
 # ---- KV-cache formats ------------------------------------------------------------

@@ -19,7 +19,7 @@ from test_server import WAIT_S, serving
 N_CLIENTS, N_EACH, N_SOAK, N_WARM = 8, 25, 1000, 100
 
 
-def request(port: int, i: int, c: int = 0) -> tuple[str, dict]:
+def request(i: int, c: int = 0) -> tuple[str, dict]:
     """Request number i of client c: chat or completion, streamed or not, greedy or seeded."""
     body: dict = dict(max_tokens=6, temperature=0 if i % 3 else 0.9, seed=1000 * c + i, stream=i % 4 == 1)
     if i % 2:
@@ -56,14 +56,14 @@ def ask(port: int, path: str, body: dict) -> str:
 def test_eight_clients_get_their_solo_answers(tiny_model):
     llm = Llama(str(tiny_model()), n_ctx=128)
     with serving(create_app(llm, max_queue=N_CLIENTS)) as port:
-        solo = {(c, i): ask(port, *request(port, i, c)) for c in range(N_CLIENTS) for i in range(N_EACH)}
+        solo = {(c, i): ask(port, *request(i, c)) for c in range(N_CLIENTS) for i in range(N_EACH)}
         got: dict = {}
         errors: list = []
 
         def client(c: int) -> None:
             try:
                 for i in range(N_EACH):
-                    got[(c, i)] = ask(port, *request(port, i, c))
+                    got[(c, i)] = ask(port, *request(i, c))
             except Exception as exc:  # noqa: BLE001 - collected, asserted below
                 errors.append((c, repr(exc)))
 
@@ -88,11 +88,11 @@ def test_a_thousand_requests_leak_no_memory_threads_or_files(tiny_model):
     llm = Llama(str(tiny_model()), n_ctx=128)
     with serving(create_app(llm)) as port:
         for i in range(N_WARM):
-            ask(port, *request(port, i))
+            ask(port, *request(i))
         gc.collect()
         rss, threads, fds = _rss_kb(), threading.active_count(), len(os.listdir("/proc/self/fd"))
         for i in range(N_WARM, N_SOAK):
-            ask(port, *request(port, i))
+            ask(port, *request(i))
         gc.collect()
         grown = (_rss_kb() - rss) / rss
         print(f"soak: RSS {rss} kB after {N_WARM} requests, {grown:+.2%} after {N_SOAK}; "
@@ -124,8 +124,8 @@ def test_huge_headers_and_slow_bodies_do_not_stop_the_server(tiny_model):
         for i in range(10):
             for s in slow:
                 s.sendall(b" ")  # still under the announced length: the body never completes
-            answers.append(ask(port, *request(port, 2 * i)))
+            answers.append(ask(port, *request(2 * i)))
         assert len(answers) == 10
         for s in slow:
             s.close()
-        assert ask(port, *request(port, 0)) == answers[0]
+        assert ask(port, *request(0)) == answers[0]

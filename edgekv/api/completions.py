@@ -183,7 +183,7 @@ class CompletionsMixin:
         match the function's parameters (finish_reason "tool_calls", message["tool_calls"]) or,
         with "auto", text; a stream with tools sends the answer whole once it is complete.
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
-        options: as for create_completion (tools ... only when off)."""
+        options: as for create_completion (functions, function_call, ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
         check_compat("create_chat_completion", options)
         split = reasoning.check_format(reasoning_format)
@@ -192,8 +192,7 @@ class CompletionsMixin:
                               f"got {type(chat_template_kwargs).__name__}")
         formatter = self.chat_formatter
         calling = ToolCalling(tools, tool_choice, formatter.template)
-        if calling.active and (grammar is not None or response_format is not None):
-            raise EdgeKVError("tools cannot be combined with grammar or response_format")
+        shape = _answer_grammar(calling, grammar, response_format)
         prompt = formatter.render(calling.messages(messages), add_generation_prompt=True,
                                   **{**calling.template_kwargs(), **(chat_template_kwargs or {})})
         splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
@@ -202,12 +201,9 @@ class CompletionsMixin:
             ids = continue_after_shift(self._session.tokens, ids)
         ids = self._fit_prompt(ids)
         recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
-        if grammar is not None and response_format is not None:
-            raise EdgeKVError("give either grammar or response_format, not both")
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                        presence_penalty=presence_penalty, logit_bias=logit_bias,
-                        grammar=calling.grammar() or as_grammar(grammar) or response_format_grammar(response_format))
+                        presence_penalty=presence_penalty, logit_bias=logit_bias, grammar=shape)
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
@@ -218,6 +214,16 @@ class CompletionsMixin:
             return chat_chunks(head, pieces, splitter)
         text, finish, records = collect(pieces)
         return chat_completion(head, text, finish, self.last_stats, records, splitter)
+
+
+def _answer_grammar(calling: ToolCalling, grammar: Any, response_format: Any) -> Any:
+    """The grammar a chat answer must follow: the tool call's, the `grammar=` one or the
+    response_format's (at most one of them may be asked for), or None."""
+    if calling.active and (grammar is not None or response_format is not None):
+        raise EdgeKVError("tools cannot be combined with grammar or response_format")
+    if grammar is not None and response_format is not None:
+        raise EdgeKVError("give either grammar or response_format, not both")
+    return calling.grammar() or as_grammar(grammar) or response_format_grammar(response_format)
 
 
 def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool, llm: Any) -> dict | Iterator[dict]:

@@ -19,7 +19,7 @@ from ..backends import Backend
 from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
-from ..quants import QUANT_TYPES, count_non_finite, dequantize
+from ..quants import QUANT_TYPES, dequantize, non_finite_tensors
 from .keys import read_float, read_int
 from .rope import RopeScaling, read_rope_scaling
 
@@ -213,9 +213,7 @@ class Decoder:
     def non_finite_weights(self) -> dict[str, int]:
         """Tensors of the file holding NaN or inf (values, or block scales) -> how many.
         Reads every tensor once (an error path: the pages are released again after)."""
-        found = {name: count_non_finite(t.data, t.ggml_type) for name, t in self.source.tensors.items()}
-        self.source.release_pages()
-        return {name: n for name, n in found.items() if n}
+        return non_finite_tensors(self.source)
 
     def explain_non_finite(self) -> str:
         """Why logits came out NaN or inf, for NumericalError's message."""

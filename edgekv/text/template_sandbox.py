@@ -94,9 +94,7 @@ class StrictSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%"})
     code_generator_class = _BoundedConcat
 
-    @staticmethod
-    def bounded_concat(parts: tuple) -> str:
-        return _str_join(parts)
+    bounded_concat = staticmethod(_str_join)  # what `~` compiles to (_BoundedConcat)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
