@@ -80,6 +80,7 @@ def test_a_streamed_call_comes_whole(llm):
     (dict(tools={"x": 1}), "tools must be a list"),
     (dict(tools=[{"type": "function", "function": {"description": "no name"}}]), r"tools\[0\]"),
     (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "names no function"),
+    (dict(tools=TOOLS, tool_choice={"type": "function", "function": "get_weather"}), "names no function"),
     (dict(tool_choice="required"), "needs tools"),
     (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "cannot be combined"),
 ])

@@ -145,7 +145,8 @@ def _choice(tool_choice: Any, functions: list[dict]) -> str:
         if tool_choice != "none" and not functions:
             raise EdgeKVError(f"tool_choice={tool_choice!r} needs tools")
         return tool_choice
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if name not in {f["name"] for f in functions}:
         raise EdgeKVError(f"tool_choice {tool_choice!r} names no function in tools (use none, auto, required or "
                           f'{{"type": "function", "function": {{"name": ...}}}})')
