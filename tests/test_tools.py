@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from edgekv import Llama
+from edgekv.api.tool_reader import CallReader
 from edgekv.errors import EdgeKVError
 from edgekv.server import create_app
 from test_server import WAIT_S, serving
@@ -67,13 +68,44 @@ def test_auto_answers_text_or_a_valid_call_and_none_answers_text(llm):
     assert "tool_calls" not in r["choices"][0]["message"] and r["choices"][0]["message"]["content"]
 
 
-def test_a_streamed_call_comes_whole(llm):
-    chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=80,
+def streamed_call(chunks: list[dict]) -> dict:
+    """The call a stream of chunks carries, put together as an OpenAI client does: the first
+    tool_calls delta gives id and name, the next ones pieces of the arguments."""
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    head, rest = deltas[0], deltas[1:]
+    assert head["index"] == 0 and head["function"]["arguments"] == "" and head["type"] == "function"
+    assert rest and all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in rest)
+    return dict(head, function=dict(head["function"], arguments="".join(d["function"]["arguments"] for d in rest)))
+
+
+def test_a_streamed_call_comes_piece_by_piece(llm):
+    for seed in (None, 1):
+        kwargs = dict(tools=TOOLS, tool_choice="required", max_tokens=80, seed=seed, temperature=0 if seed is None else 0.9)
+        whole = llm.create_chat_completion(ASK, **kwargs)["choices"][0]["message"]["tool_calls"][0]
+        chunks = list(llm.create_chat_completion(ASK, stream=True, **kwargs))
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+        call = streamed_call(chunks)
+        pieces = sum("tool_calls" in c["choices"][0]["delta"] for c in chunks) - 1
+        assert pieces >= 4, "the arguments come as they are generated, not whole"
+        assert check_call(call) == json.loads(whole["function"]["arguments"])
+        assert call["function"]["arguments"] == whole["function"]["arguments"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_text_answer_with_tools_comes_piece_by_piece(llm):
+    kwargs = dict(tools=TOOLS, max_tokens=20, temperature=0)  # auto: SmolLM2 answers this one in text
+    whole = llm.create_chat_completion(ASK, **kwargs)["choices"][0]
+    chunks = list(llm.create_chat_completion(ASK, stream=True, **kwargs))
+    texts = [c["choices"][0]["delta"].get("content") for c in chunks[1:-1]]
+    assert whole["message"]["content"] and len(texts) > 5 and "".join(texts) == whole["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "length"
+
+
+def test_a_call_cut_by_max_tokens_streams_what_it_has(llm):
+    chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=9,
                                              temperature=0, stream=True))
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
-    [call] = chunks[1]["choices"][0]["delta"]["tool_calls"]
-    assert call["index"] == 0 and check_call(call)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    call = streamed_call(chunks)
+    assert call["function"]["arguments"].startswith("{") and chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -99,6 +131,9 @@ def test_the_models_own_format_on_a_qwen_template(tiny_model):
     r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.5, seed=3)
     [call] = r["choices"][0]["message"]["tool_calls"]
     check_call(call)
+    chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=120,
+                                             temperature=0.5, seed=3, stream=True))
+    assert streamed_call(chunks)["function"]["arguments"] == call["function"]["arguments"]
     # the call and its result go back through the template as Hugging Face passes them
     follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
     rendered = llm.chat_formatter.render(follow, tools=TOOLS)
@@ -124,7 +159,8 @@ def test_round_trip_through_the_openai_client(llm):
         streamed = list(client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                                        temperature=0, max_tokens=80, stream=True))
         deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
-        assert deltas and deltas[0][0].function.name == call.function.name
+        assert deltas and deltas[0][0].function.name == call.function.name and deltas[0][0].id
+        assert json.loads("".join(d[0].function.arguments for d in deltas)) == args
         bad = client.chat.completions.with_raw_response  # a bad tool_choice is a 400
         with pytest.raises(openai.BadRequestError, match="names no function"):
             bad.create(model="m", messages=ASK, tools=TOOLS, tool_choice={"type": "function",
@@ -149,3 +185,30 @@ def test_round_trip_through_langchain(llm):
         messages += [called, ToolMessage("18 degrees and sunny", tool_call_id=call["id"])]
         answer = chat.bind_tools(TOOLS, tool_choice="none").invoke(messages)
         assert answer.content and not answer.tool_calls
+
+
+@pytest.mark.parametrize("text, opens", [
+    ('{"name":"f","arguments":{"s":"a}\\"{[","n":[1,{"x":2}]}}', "{"),
+    ('<tool_call>\n{"name": "f", "arguments": {"s": "}}"}}\n</tool_call>', "<"),
+])
+def test_the_reader_finds_the_arguments_however_the_text_is_cut(text, opens):
+    """Braces and quotes inside strings do not end the arguments; fed one character at a
+    time or whole, the reader gives the same call, whose arguments are the model's text."""
+    args = json.loads(text[text.index('"arguments"') + 12:].split("\n</tool_call>")[0][:-1])
+    for size in (1, 3, len(text)):
+        reader = CallReader({"f"}, opens, call_only=False)
+        deltas = [d for i in range(0, len(text), size) for d in reader.push(text[i:i + size])]
+        last, finish = reader.finish("stop")
+        assert finish == "tool_calls" and not last and not any("content" in d for d in deltas)
+        sent = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas)
+        [call] = reader.calls()
+        assert json.loads(sent) == json.loads(call["function"]["arguments"]) == args
+
+
+def test_the_reader_sends_text_and_unknown_calls_as_content():
+    reader = CallReader({"f"}, "{", call_only=False)
+    assert reader.push("Hello") == [{"content": "Hello"}] and reader.push(" {x}") == [{"content": " {x}"}]
+    assert reader.finish("stop") == ([], "stop") and reader.calls() is None
+    reader = CallReader({"f"}, "{", call_only=False)
+    assert reader.push('{"name":"g","arguments":{}}') == []  # not a function of this request: held
+    assert reader.finish("stop") == ([{"content": '{"name":"g","arguments":{}}'}], "stop")

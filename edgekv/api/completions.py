@@ -21,7 +21,7 @@ from .compat import SAMPLER_OPTIONS, check_compat
 from .context_growth import continue_after_shift
 from .logprobs import LogprobRecorder, chat_recorder, make_recorder
 from .responses import (GenerationStats, Pieces, StopText, chat_chunks, chat_completion, chat_head, collect,
-                        completion_chunks, completion_head, stop_list, text_completion, whole_chat_chunks)
+                        completion_chunks, completion_head, stop_list, text_completion, tool_chat_chunks)
 from .tools import ToolCalling
 
 
@@ -181,7 +181,8 @@ class CompletionsMixin:
         grammar: as for create_completion (give one of grammar and response_format).
         tools / tool_choice: OpenAI's (api/tools.py): the answer is a call whose arguments
         match the function's parameters (finish_reason "tool_calls", message["tool_calls"]) or,
-        with "auto", text; a stream with tools sends the answer whole once it is complete.
+        with "auto", text; a stream sends the call's id and name, then its arguments as they
+        are generated (OpenAI's tool_calls deltas).
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (functions, function_call, ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
@@ -227,18 +228,9 @@ def _answer_grammar(calling: ToolCalling, grammar: Any, response_format: Any) ->
 
 
 def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool, llm: Any) -> dict | Iterator[dict]:
-    """An answer that may be a tool call: generated whole, then shaped (a stream's chunks
-    come once it is complete: a call is sent whole, as its arguments must parse)."""
-    def finished() -> tuple[str, str, list | None, list[dict] | None]:
-        text, finish, records = collect(pieces)
-        return text, finish, records, calling.calls(text)
-
-    if not stream:
-        text, finish, records, calls = finished()
-        return chat_completion(head, text, finish, llm.last_stats, records, None, calls)
-
-    def chunks() -> Iterator[dict]:
-        text, finish, _, calls = finished()
-        yield from whole_chat_chunks(head, text, finish, calls)
-
-    return chunks()
+    """An answer that may be a tool call: streamed as the call is read out of the text
+    (tool_reader.py), or generated whole and shaped."""
+    if stream:
+        return tool_chat_chunks(head, pieces, calling.reader())
+    text, finish, records = collect(pieces)
+    return chat_completion(head, text, finish, llm.last_stats, records, None, calling.calls(text))

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from .logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from .reasoning import ReasoningSplitter
+from .tool_reader import CallReader
 
 # What Llama._stream yields: (text, None, logprobs) pieces, then (text, finish_reason, logprobs)
 # once; logprobs: the tokens whose text starts in that piece (None when not asked for).
@@ -161,17 +162,20 @@ def _deltas(text: str, splitter: ReasoningSplitter | None, last: bool) -> dict[s
     return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
 
 
-def whole_chat_chunks(head: dict, text: str, finish: str, tool_calls: list[dict] | None) -> Iterator[dict]:
-    """A finished answer as `chat.completion.chunk`s: the role, then the content or the tool
-    calls (each whole, with its index, as OpenAI streams them), then the finish reason."""
+def tool_chat_chunks(head: dict, pieces: Pieces, reader: CallReader) -> Iterator[dict]:
+    """Streamed `chat.completion.chunk`s of an answer that may be a tool call: the role, then
+    the content or the call as the reader hands it out (the call's id and name, then its
+    arguments piece by piece, as OpenAI streams them), then the finish reason."""
     yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
-    if tool_calls:
-        delta = dict(tool_calls=[dict(call, index=i) for i, call in enumerate(tool_calls)])
-        finish = "tool_calls"
-    else:
-        delta = dict(content=text)
-    yield dict(head, choices=[dict(index=0, delta=delta, logprobs=None, finish_reason=None)])
-    yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
+    for text, finish, _ in pieces:
+        deltas = reader.push(text)
+        if finish:
+            last, finish = reader.finish(finish)
+            deltas += last
+        for delta in deltas:
+            yield dict(head, choices=[dict(index=0, delta=delta, logprobs=None, finish_reason=None)])
+        if finish:
+            yield dict(head, choices=[dict(index=0, delta={}, logprobs=None, finish_reason=finish)])
 
 
 def chat_chunks(head: dict, pieces: Pieces, splitter: ReasoningSplitter | None = None) -> Iterator[dict]:

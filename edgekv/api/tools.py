@@ -12,20 +12,19 @@ generated text. Two formats:
     user messages ("Function NAME returned: ...").
 The arguments always match the function's `parameters` schema (with additionalProperties
 false unless it says otherwise): the grammar enforces it.
-What does not: generation and the response shapes (completions.py, responses.py).
+One call per answer (OpenAI's parallel_tool_calls=false). What does not live here: reading
+the call out of the text as it comes (tool_reader.py), generation and the response shapes
+(completions.py, responses.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any
 
 from ..errors import EdgeKVError
 from ..grammar import Grammar
-
-_HERMES_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+from .tool_reader import CallReader
 
 
 class ToolCalling:
@@ -99,26 +98,19 @@ class ToolCalling:
         start = "start: call | text\ntext: " + text if self.choice == "auto" else "start: call"
         return Grammar.from_lark(f"{start}\n{rules}")
 
+    def reader(self) -> CallReader:
+        """A reader for this answer's text: plain text or a call, as it comes (tool_reader.py)."""
+        return CallReader({f["name"] for f in self.functions}, "<" if self.format == "hermes" else "{",
+                          call_only=self.choice != "auto")
+
     def calls(self, text: str) -> list[dict] | None:
         """The tool calls in a generated answer (OpenAI's message["tool_calls"]), or None
         when the answer is text."""
         if not self.active:
             return None
-        if self.format == "hermes":
-            found = _HERMES_CALL.findall(text)
-        else:
-            found = [text.strip()] if text.strip().startswith("{") else []
-        calls = []
-        for raw in found:
-            try:
-                call = json.loads(raw)
-            except json.JSONDecodeError:
-                return None
-            if not isinstance(call, dict) or call.get("name") not in {f["name"] for f in self.functions}:
-                return None
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}))}})
-        return calls or None
+        reader = self.reader()
+        reader.push(text)
+        return reader.calls()
 
 
 def _functions(tools: Any) -> list[dict]:
