@@ -12,7 +12,9 @@
 #   - a tiny model of each family (qwen2, qwen3, phi3, YaRN, LongRoPE, ...) against
 #     llama.cpp's log-probs (tests/test_families_llama_cpp.py);
 #   - SmolLM2's greedy tokens for one reference prompt against llama.cpp's ids (the
-#     x86 build's, tests/reference/) and against this x86 machine's own run.
+#     x86 build's, tests/reference/) and against this x86 machine's own run;
+#   - SmolLM2's greedy answers under a JSON schema and as a streamed tool call (llguidance's
+#     aarch64 wheel): valid, and the x86 machine's.
 #
 # Everything comes from Debian's and PyPI's registries and is cached between runs under
 # $EDGEKV_AARCH64_CACHE (default ~/.cache/edgekv/aarch64): the root (debootstrap, ~5 min
@@ -77,7 +79,7 @@ if [ ! -e "$WHEELS/.key-$KEY" ]; then
     mkdir -p "$WHEELS"
     "$HOST_PY" -m pip download -q --only-binary=:all: --python-version 3.11 --implementation cp \
         --abi cp311 --abi abi3 --abi none --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
-        --platform manylinux_2_27_aarch64 --platform manylinux_2_28_aarch64 -d "$WHEELS" -r "$REQS" \
+        --platform manylinux_2_27_aarch64 --platform manylinux_2_28_aarch64 --platform manylinux_2_31_aarch64 -d "$WHEELS" -r "$REQS" \
         2>"$CACHE/pip.log" || { cat "$CACHE/pip.log"; die "pip download of the aarch64 wheels failed"; }
     touch "$WHEELS/.key-$KEY"
 fi
@@ -87,6 +89,7 @@ cleanup() { for m in "${mounted[@]}"; do umount -l "$m" 2>/dev/null || true; don
 trap cleanup EXIT
 bind() {  # bind [-r] SRC DEST_IN_ROOT
     local ro=""; [ "$1" = -r ] && { ro=1; shift; }
+    mountpoint -q "$ROOT$2" && umount -l "$ROOT$2"  # left by a run that was killed before its cleanup
     mkdir -p "$ROOT$2"
     mount --bind "$1" "$ROOT$2" || die "cannot bind-mount $1"
     mounted=("$ROOT$2" "${mounted[@]}")
@@ -127,6 +130,11 @@ bind -r "$MODELS_DIR" /root/.cache/edgekv/models
 step "x86 run of the same greedy check (this machine's own ids, for the comparison)"
 X86_IDS=$(cd "$REPO" && "$HOST_PY" -m tests.aarch64.greedy_ids) || die "the x86 greedy run failed"
 echo "x86 greedy ids: $X86_IDS"
+(cd "$REPO" && "$HOST_PY" -m tests.aarch64.structured > "$CACHE/x86_structured.json") \
+    || die "the x86 structured-output run failed"
+echo "x86 structured answers: $(cat "$CACHE/x86_structured.json")"
+
+cp "$CACHE/x86_structured.json" "$ROOT/opt/x86_structured.json"
 
 step "edgekv info inside the root"
 in_root /opt/venv/bin/python -m edgekv info | tee "$CACHE/info.txt" || die "edgekv info failed in the root"
@@ -140,7 +148,7 @@ TEST_GROUPS=("tests/aarch64 tests/test_models.py tests/test_families_llama_cpp.p
 step "tests inside the root, two processes: ${TEST_GROUPS[*]}"
 pids=()
 for i in 0 1; do
-    in_root /bin/sh -c "cd /work/edgekv && EDGEKV_X86_GREEDY_IDS='$X86_IDS' python -m pytest -q -rs -p no:cacheprovider -o timeout=3600 ${TEST_GROUPS[$i]}" \
+    in_root /bin/sh -c "cd /work/edgekv && EDGEKV_X86_GREEDY_IDS='$X86_IDS' EDGEKV_X86_STRUCTURED=/opt/x86_structured.json python -m pytest -q -rs -p no:cacheprovider -o timeout=3600 ${TEST_GROUPS[$i]}" \
         > "$CACHE/pytest-$i.txt" 2>&1 &
     pids+=($!)
 done

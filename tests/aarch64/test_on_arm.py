@@ -1,6 +1,7 @@
 """edgekv on an aarch64 CPU with the dot-product instructions (Jetson Orin's Cortex-A78AE;
 here QEMU's "max" CPU, tools/test_aarch64.sh): the sdot kernels are found and taken, and
-SmolLM2 decodes llama.cpp's greedy ids.
+SmolLM2 decodes llama.cpp's greedy ids, and answers in JSON and with a tool call under
+llguidance's grammar masks.
 
 The bit-for-bit checks of the sdot kernels against the portable ones are
 tests/test_fast_kernels.py and tests/test_matvec.py, which the script runs here too.
@@ -8,8 +9,10 @@ tests/test_fast_kernels.py and tests/test_matvec.py, which the script runs here 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
@@ -18,6 +21,7 @@ from edgekv.kernels.cpu_features import arm_features
 from edgekv.kernels.int8dot import HAS_INT8DOT, ISA
 from edgekv.system_info import cpu_features, system_info
 
+import structured
 from greedy_ids import N_TOKENS, greedy_ids, reference_case
 
 _ids: list = []
@@ -50,3 +54,14 @@ def test_smollm2_greedy_ids_are_the_x86_machines():
     x86 = os.environ.get("EDGEKV_X86_GREEDY_IDS")
     assert x86, "set EDGEKV_X86_GREEDY_IDS to `python -m tests.aarch64.greedy_ids` run on x86 (test_aarch64.sh does)"
     assert _greedy() == [int(t) for t in x86.split()]
+
+
+def test_smollm2_json_and_tool_answers_are_valid_and_the_x86_machines():
+    """llguidance's aarch64 wheel masks the tokens: the greedy JSON-schema answer and the
+    streamed tool call are valid, and the same as on x86."""
+    found = structured.answers()
+    structured.check(found)
+    x86 = os.environ.get("EDGEKV_X86_STRUCTURED")
+    assert x86, ("set EDGEKV_X86_STRUCTURED to a file holding `python -m tests.aarch64.structured`'s output on "
+                 "x86 (test_aarch64.sh does)")
+    assert found == json.loads(Path(x86).read_text())
