@@ -211,6 +211,23 @@ def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits:
     return fitted, REASON_BUDGET, f"{detail}; {n_ctx} tokens do not fit the memory budget of {format_bytes(mem_budget)}"
 
 
+def max_context(hp, cache_type_k: str, cache_type_v: str, mem_budget: int,
+                layer_windows: dict[int, int] | None = None, n_batch: int = 512) -> int:
+    """The longest context (a multiple of CTX_ALIGN) whose KV cache fits mem_budget, not
+    capped by the trained context; 0 when not even CTX_ALIGN tokens fit."""
+    kind_k = cache_type_for("cache_type_k", cache_type_k, hp.head_dim)
+    kind_v = cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
+    row = hp.n_kv_heads * (kind_k.row_nbytes(hp.head_dim) + kind_v.row_nbytes(hp.head_dim_v))
+    limits = _layer_limits(hp, layer_windows, n_batch)[0]
+    lo, hi = 0, 1
+    while _kv_bytes(hi * CTX_ALIGN, limits, row) <= mem_budget and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    while lo + 1 < hi:  # kv_bytes(lo) fits, kv_bytes(hi) does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _kv_bytes(mid * CTX_ALIGN, limits, row) <= mem_budget else (lo, mid)
+    return lo * CTX_ALIGN
+
+
 # ---- memory budget -------------------------------------------------------------------------
 
 def available_memory() -> int | None:

@@ -1,0 +1,105 @@
+"""llama.cpp's llama-perplexity method, exactly: the scored tokens' logits and their NLL.
+
+The method (the project's tests/reference/perplexity.json): tokenize the whole file (BOS
+added when the model adds one); cut it into consecutive chunks of n_ctx tokens (the
+remainder is dropped; at least two chunks are needed, as llama.cpp requires); in each chunk
+the first token is replaced by BOS when the model adds BOS; each chunk is evaluated from an
+empty cache; the logits at positions n_ctx/2 .. n_ctx-2 score the tokens that follow them
+(n_ctx/2 - 1 tokens per chunk); PPL = exp(mean NLL). The NLL of one token is
+-(logit[tok] - max - log(sum(exp(logit - max)))), with exp in f32 and the sum in f64 as
+llama.cpp computes it.
+
+Only the scored half of a chunk asks for logits, in pieces of at most LOGIT_ROWS rows, so
+a 262k vocabulary needs ~130 MB of logits rather than n_ctx full rows.
+What does not live here: the commands (cli/perplexity.py; kv_report.py compares cache types
+with the same chunks), the forward pass (models/, session.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import EdgeKVError
+
+LOGIT_ROWS = 128
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    uncertainty: float  # llama.cpp's "+/-": ppl * sqrt((E[nll^2] - E[nll]^2) / (n - 1))
+    n_chunks: int
+    n_scored: int
+    running: list[float] = field(default_factory=list)  # PPL after each chunk
+
+
+def token_nll(rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log p(target) for each row of logits f32[b, n_vocab], as f64[b]."""
+    out = np.empty(rows.shape[0], np.float64)
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        top = row.max()
+        sum_exp = np.exp(row - top).sum(dtype=np.float64)
+        out[i] = -(float(row[targets[i]] - top) - math.log(sum_exp))
+    return out
+
+
+def chunk_logits(session, chunk: Sequence[int], bos_id: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One chunk (n_ctx tokens) evaluated from an empty cache: (logits f32[b, n_vocab],
+    the tokens they score i64[b]) for the scored positions, at most LOGIT_ROWS rows at a time."""
+    n_ctx = len(chunk)
+    first = n_ctx // 2
+    inputs = list(chunk)
+    if bos_id is not None:
+        inputs[0] = bos_id
+    session.reset()
+    session.eval(inputs[:first])
+    targets = np.asarray(chunk, dtype=np.int64)
+    for start in range(first, n_ctx - 1, LOGIT_ROWS):  # position n_ctx-1 predicts nothing scored
+        stop = min(start + LOGIT_ROWS, n_ctx - 1)
+        yield session.eval(inputs[start:stop], all_logits=True), targets[start + 1 : stop + 1]
+
+
+def chunk_nll(session, chunk: Sequence[int], bos_id: int | None) -> np.ndarray:
+    """NLL of the scored tokens of one chunk (n_ctx tokens), evaluated from an empty cache."""
+    return np.concatenate([token_nll(rows, targets) for rows, targets in chunk_logits(session, chunk, bos_id)])
+
+
+def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1) -> int:
+    """Chunks the method scores; raises llama.cpp's errors for too little text."""
+    if n_ctx < 3:
+        raise EdgeKVError(f"perplexity needs a context of at least 3 tokens, got -c {n_ctx}")
+    if n_tokens < 2 * n_ctx:
+        raise EdgeKVError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
+                          f"{n_ctx}; the file tokenizes to only {n_tokens} tokens")
+    n_chunks = n_tokens // n_ctx
+    return min(n_chunks, max_chunks) if max_chunks > 0 else n_chunks
+
+
+def compute(session, tokens: Sequence[int], n_ctx: int, bos_id: int | None, max_chunks: int = -1,
+            on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    """Run the method over `tokens` (already tokenized, BOS included when the model adds it).
+    bos_id: the token that replaces each chunk's first one, None when the model adds no BOS."""
+    n_chunks = count_chunks(len(tokens), n_ctx, max_chunks)
+    nll = nll2 = 0.0
+    count = 0
+    running = []
+    for i in range(n_chunks):
+        values = chunk_nll(session, tokens[i * n_ctx : (i + 1) * n_ctx], bos_id)
+        nll += float(values.sum())
+        nll2 += float((values * values).sum())
+        count += values.size
+        running.append(math.exp(nll / count))
+        if on_chunk is not None:
+            on_chunk(i, running[-1])
+    mean, mean2 = nll / count, nll2 / count
+    variance = mean2 - mean * mean
+    ppl = math.exp(mean)
+    uncertainty = ppl * math.sqrt(variance / (count - 1)) if variance > 0 and count > 1 else float("nan")
+    return PerplexityResult(ppl, uncertainty, n_chunks, count, running)
+
+

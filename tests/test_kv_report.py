@@ -1,0 +1,136 @@
+"""`edgekv kv-report` (edgekv/kv_report.py, cli/kv_report.py; issue 14 item 2): what each K/V
+cache pair costs. The KL divergences are checked against a float64 (long double) NumPy
+computation from logits evaluated separately, whole chunks at once; the context that fits a
+budget against the arithmetic done here from the model's hyperparameters."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+import pytest
+
+from edgekv.cli import main
+from edgekv.context import max_context, read_hparams
+from edgekv.errors import EdgeKVError
+from edgekv.gguf import GGUFFile
+from edgekv.kv_report import CachePair, kl_divergence, parse_pairs, pareto_front
+from edgekv.loader import load
+from conftest import REFERENCE_DIR
+
+GPL3 = REFERENCE_DIR / "gpl3.txt"
+
+
+def test_pairs_parse_with_the_base_first_and_bad_entries_named():
+    pairs = parse_pairs("q8_0, q8_0/q4_0,f16,q8_0", 64, 64)
+    assert [p.name for p in pairs] == ["f16", "q8_0", "q8_0/q4_0"]
+    assert pairs[2] == CachePair("q8_0", "q4_0")
+    for spec, message in (("q9_0", "q9_0"), ("q8_0/q4_0/f16", "K_TYPE/V_TYPE"), ("q8_0/", "K_TYPE/V_TYPE")):
+        with pytest.raises(EdgeKVError, match=re.escape(message)):
+            parse_pairs(spec, 64, 64)
+    with pytest.raises(EdgeKVError, match="head size"):
+        parse_pairs("q4_0", 48, 48)
+
+
+def test_the_pareto_front_keeps_the_pairs_nothing_beats():
+    a, b, c, d = (CachePair(t, t) for t in ("f16", "q8_0", "q5_0", "q4_0"))
+    points = {a: (100, 0.0), b: (50, 0.01), c: (60, 0.02), d: (30, 0.08)}  # c: bigger and worse than b
+    assert pareto_front(points) == {a, b, d}
+    assert pareto_front({a: (10, 0.1), b: (10, 0.1)}) == {a, b}  # ties beat nobody
+
+
+def test_kl_divergence_is_float64_kl():
+    rng = np.random.default_rng(0)
+    base, new = rng.normal(0, 3, (5, 1000)).astype(np.float32), rng.normal(0, 3, (5, 1000)).astype(np.float32)
+    b, n = base.astype(np.longdouble), new.astype(np.longdouble)
+    p = np.exp(b) / np.exp(b).sum(1, keepdims=True)
+    q = np.exp(n) / np.exp(n).sum(1, keepdims=True)
+    expected = (p * np.log(p / q)).sum(1)
+    base_logp = base.astype(np.float64) - np.log(np.exp(base.astype(np.float64)).sum(1, keepdims=True))
+    np.testing.assert_allclose(kl_divergence(base_logp, new), expected.astype(np.float64), rtol=1e-9)
+    assert np.allclose(kl_divergence(base_logp, base), 0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
+def test_the_longest_context_fits_the_budget_and_one_more_step_does_not(fixture, request):
+    hp = read_hparams(GGUFFile(request.getfixturevalue(fixture)))
+    budget = 300 << 20
+    local = tuple(hp.local_layers) or (False,) * hp.n_layers
+
+    def kv_bytes(n, row):  # sliding layers hold window + one batch (512) at most
+        return sum(min(n, hp.window + 512) if is_local and hp.window else n for is_local in local) * row
+
+    for tk, tv in (("f16", "f16"), ("q8_0", "q4_0")):
+        row = hp.n_kv_heads * (hp.head_dim * {"f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}[tk] +
+                               hp.head_dim_v * {"f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}[tv])
+        n = max_context(hp, tk, tv, budget)
+        assert n % 256 == 0 and kv_bytes(n, row) <= budget < kv_bytes(n + 256, row)
+    assert max_context(hp, "f16", "f16", 1000) == 0
+
+
+def _table(out: str) -> dict[str, dict[str, str]]:
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    return {r["K"] if r["K"] == r["V"] else f'{r["K"]}/{r["V"]}': r for r in rows}
+
+
+def _independent_kld(model_path, chunks: list[list[int]], type_k: str, type_v: str) -> float:
+    """Mean KL(f16 || pair) over the scored half of each chunk, in long double. The chunks are
+    cut as the method cuts them (256, then 128 and 127 tokens): the logits of a batch depend
+    on how the text is cut (evaluated whole, SmolLM2's f16 rows differ from these by a mean
+    KLD of 0.003, a noise floor to keep in mind when reading the report)."""
+    model = load(str(model_path))
+    sessions = [model.session(512, 512, "f16", "f16"), model.session(512, 512, type_k, type_v)]
+    total, count = np.longdouble(0), 0
+    for chunk in chunks:
+        rows = []
+        for s in sessions:
+            s.reset()
+            s.eval(chunk[:256])
+            scored = [s.eval(chunk[a:b], all_logits=True) for a, b in ((256, 384), (384, 511))]
+            rows.append(np.concatenate(scored).astype(np.longdouble))
+        p, q = (np.exp(r - r.max(1, keepdims=True)) for r in rows)
+        p, q = p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+        total += (p * np.log(p / q)).sum()
+        count += len(p)
+    return float(total / count)
+
+
+def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
+    png = tmp_path / "kv.png"
+    code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--chunks", "2", "--types", "q8_0,q8_0/q4_0",
+                 "--depth", "256", "--n-gen", "4", "--mem-budget", "64M", "--png", str(png)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    table = _table(out)
+    assert list(table) == ["f16", "q8_0", "q8_0/q4_0"]
+    base, q8, mixed = table.values()
+    assert base["mean KLD"].startswith("0.00000") and base["same top"] == "100.00%" and base["Pareto"] == "yes"
+    assert base["bits/value"] == "16.00" and q8["bits/value"] == "8.50" and mixed["bits/value"] == "6.50"
+    assert base["KV bytes/token"] == f"{30 * 3 * 64 * 2 * 2:,}"  # 30 layers, 3 KV heads, 64 values, K and V
+    assert base["max ctx in 64.00 MiB"] == f"{(64 << 20) // (30 * 3 * 64 * 4) // 256 * 256:,}"
+    assert all(float(r["tg4 t/s @ d256"]) > 0 for r in table.values())
+
+    tok = load(str(smollm2_path)).tokenizer
+    tokens = tok.encode(GPL3.read_bytes(), add_bos=None)
+    chunks = [([tok.bos_id] if tok.add_bos else tokens[i * 512:i * 512 + 1]) + tokens[i * 512 + 1:(i + 1) * 512]
+              for i in range(2)]
+    for row, (tk, tv) in ((q8, ("q8_0", "q8_0")), (mixed, ("q8_0", "q4_0"))):
+        reported = float(row["mean KLD"].split()[0])
+        assert reported == pytest.approx(_independent_kld(smollm2_path, chunks, tk, tv), rel=2e-3, abs=1e-5)
+    assert 0 < float(q8["mean KLD"].split()[0]) < float(mixed["mean KLD"].split()[0])
+
+    header = png.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (900, 600)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--types", "q9_0"], "q9_0"),
+    (["--png", "out.jpg"], "ending in .png"),
+    (["-c", "4096"], "you need at least 8192 tokens"),
+])
+def test_bad_kv_report_requests_say_what_to_do(smollm2_path, capsys, args, message):
+    code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--depth", "0"] + args)
+    assert code == 1 and message in capsys.readouterr().err
