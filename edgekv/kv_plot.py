@@ -1,8 +1,8 @@
 """The PNG of `edgekv kv-report --png`: quality against memory, one point per K/V pair.
 
 x: bits per value (K and V averaged, block scales included), the memory a token costs;
-y: mean KL divergence from the f16/f16 cache, on a log scale (the f16 base, at 0, is drawn
-on the bottom edge and labelled "base"); the Pareto front is joined by a line and its points
+y: mean KL divergence from the f16/f16 cache, on a log scale (the f16 base, at 0, sits on
+the bottom edge, labelled "base, KLD 0"); the Pareto front is joined by a line and its points
 filled, the others hollow. matplotlib is an optional extra (`pip install edgekv[plot]`).
 What does not live here: the measurements (kv_report.py).
 """
@@ -33,9 +33,10 @@ def save_plot(path: str, title: str, rows: Sequence[tuple[str, float, float, boo
         y = max(kld, floor)
         ax.scatter([bits], [y], s=60, zorder=2, color="tab:blue" if on else "white", edgecolors="tab:blue",
                    linewidths=1.5)
-        ax.annotate(label + (" (base)" if kld <= 0 else ""), (bits, y), textcoords="offset points",
+        ax.annotate(label + (" (base, KLD 0)" if kld <= 0 else ""), (bits, y), textcoords="offset points",
                     xytext=(6, 6), fontsize=9)
     ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)  # the base sits on the bottom edge
     ax.set_xlabel("bits per value (K and V averaged, scales included)")
     ax.set_ylabel("mean KL divergence from the f16 cache (nats/token)")
     ax.set_title(title, fontsize=10)

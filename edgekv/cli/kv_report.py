@@ -7,6 +7,7 @@ What does not: the measurements (kv_report.py), the PNG (kv_plot.py).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         from ..kv_plot import save_plot
 
         rows = [(p.name, (stores[p].bits_k + stores[p].bits_v) / 2, quality[p].kld, p in front) for p in pairs]
-        save_plot(args.png, f"{model.name}: KV cache types on {args.file} (-c {args.ctx_size})", rows)
+        title = f"{model.name}: KV cache types on {os.path.basename(args.file)} (-c {args.ctx_size})"
+        save_plot(args.png, title, rows)
         print(f"kv-report: plot written to {args.png}", file=sys.stderr)
     return 0
 
