@@ -66,6 +66,17 @@ def json_object(text: str) -> dict:
     return value
 
 
+def read_text_file(path: str) -> bytes:
+    """The bytes of a text file a command scores, or EdgeKVError saying why it cannot be read."""
+    from ..errors import EdgeKVError
+
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise EdgeKVError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def positive_int(text: str) -> int:
     return _positive_int(text, "a positive integer")
 

@@ -13,7 +13,7 @@ import time
 
 from ..context import format_bytes
 from ..errors import EdgeKVError
-from .common import mem_size, non_negative_int, positive_int
+from .common import add_backend_option, mem_size, non_negative_int, positive_int, read_text_file
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -40,8 +40,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="cached tokens before the decode-speed test; 0 skips the speed test (default: 4096)")
     p.add_argument("--n-gen", type=positive_int, default=32, help="tokens the speed test decodes (default: 32)")
     p.add_argument("--png", metavar="OUT", default=None, help="also draw quality vs memory into this PNG file")
-    p.add_argument("--backend", default=None, metavar="NAME",
-                   help="where the arithmetic runs: auto, cpu, cpu-portable (default: $EDGEKV_BACKEND or auto)")
+    add_backend_option(p)
     p.set_defaults(handler=run)
 
 
@@ -50,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from ..kernels.config import set_num_threads
     from ..loader import load
 
-    try:
-        with open(args.file, "rb") as f:
-            text = f.read()
-    except OSError as exc:
-        raise EdgeKVError(f"cannot read {args.file}: {exc.strerror or exc}") from exc
+    text = read_text_file(args.file)
     if args.png and not args.png.lower().endswith(".png"):
         raise EdgeKVError(f"--png {args.png!r}: give a file name ending in .png")
     threads = set_num_threads(args.threads)

@@ -12,9 +12,8 @@ import sys
 import time
 
 from ..context import parse_layer_windows
-from ..errors import EdgeKVError
 from ..perplexity import compute, count_chunks
-from .common import add_kv_options, add_model_options
+from .common import add_kv_options, add_model_options, read_text_file
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -31,11 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from ..kernels.config import set_num_threads
     from ..loader import load
 
-    try:
-        with open(args.file, "rb") as f:
-            text = f.read()
-    except OSError as exc:
-        raise EdgeKVError(f"cannot read {args.file}: {exc.strerror or exc}") from exc
+    text = read_text_file(args.file)
     if args.threads is not None:
         set_num_threads(args.threads)
     model = load(args.model, args.backend)
