@@ -15,6 +15,7 @@ import pytest
 
 from edgekv import Llama
 from edgekv.api.tool_reader import CallReader
+from edgekv.api.tools import ToolCalling
 from edgekv.errors import EdgeKVError
 from edgekv.server import create_app
 from test_server import WAIT_S, serving
@@ -28,7 +29,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                               "b": {"type": "integer", "minimum": 0, "maximum": 999}},
              "required": ["a", "b"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-QWEN_TEMPLATE = Path(__file__).parent / "reference" / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+TEMPLATES = Path(__file__).parent / "reference" / "chat_templates"
+QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+LLAMA3_TEMPLATE = TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja"
 
 
 def check_call(call: dict, name: str | None = None) -> dict:
@@ -121,6 +124,12 @@ def test_bad_tool_requests_are_refused(llm, kwargs, message):
         llm.create_chat_completion(ASK, max_tokens=4, **kwargs)
 
 
+def as_the_api_renders(llm, messages: list[dict]) -> str:
+    """The prompt create_chat_completion(messages, tools=TOOLS) evaluates."""
+    calling = ToolCalling(TOOLS, None, llm.chat_formatter.template)
+    return llm.chat_formatter.render(calling.messages(messages), add_generation_prompt=True, **calling.template_kwargs())
+
+
 def test_the_models_own_format_on_a_qwen_template(tiny_model):
     """Qwen2.5's template lists the tools itself and expects <tool_call> JSON </tool_call>;
     a tiny random model under the grammar writes exactly that, and the call is read back."""
@@ -136,8 +145,30 @@ def test_the_models_own_format_on_a_qwen_template(tiny_model):
     assert streamed_call(chunks)["function"]["arguments"] == call["function"]["arguments"]
     # the call and its result go back through the template as Hugging Face passes them
     follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
-    rendered = llm.chat_formatter.render(follow, tools=TOOLS)
-    assert "<tool_response>\nsunny\n</tool_response>" in rendered and "<tool_call>" in rendered
+    rendered = as_the_api_renders(llm, follow)
+    assert "<tool_response>\nsunny\n</tool_response>" in rendered
+    assert f'<tool_call>\n{{"name": "{call["function"]["name"]}", "arguments": ' in rendered
+
+
+def test_the_models_own_format_on_a_llama_3_template(tiny_model):
+    """Llama 3.2's template puts the functions in the first user turn and expects a bare
+    {"name": ..., "parameters": {...}}; results come back in ipython turns."""
+    path = tiny_model("llama", metadata={"tokenizer.chat_template": LLAMA3_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=2048)
+    prompt = llm.chat_formatter.render(ASK, tools=TOOLS, add_generation_prompt=True)
+    assert '"parameters": dictionary of argument name' in prompt and '"name": "get_weather"' in prompt
+    kwargs = dict(tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.5, seed=3)
+    r = llm.create_chat_completion(ASK, **kwargs)
+    [call] = r["choices"][0]["message"]["tool_calls"]
+    check_call(call)
+    chunks = list(llm.create_chat_completion(ASK, stream=True, **kwargs))
+    assert streamed_call(chunks)["function"]["arguments"] == call["function"]["arguments"]
+    follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    rendered = as_the_api_renders(llm, follow)
+    name = call["function"]["name"]
+    assert f'{{"name": "{name}", "parameters": {json.dumps(json.loads(call["function"]["arguments"]))}}}' in rendered
+    # the template passes a string result through tojson (a string is iterable to Jinja), as with Hugging Face
+    assert '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|>' in rendered
 
 
 def test_round_trip_through_the_openai_client(llm):

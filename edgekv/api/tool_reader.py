@@ -9,7 +9,8 @@ the non-streamed `message["tool_calls"]`, so both carry the model's own argument
 
 The answer's shape is fixed by ToolCalling's grammar: a call starts with `{` (the generic
 format) or `<tool_call>` (hermes), anything else is text; a call is
-`{"name":"...","arguments":{...}}` with the name first; one call per answer. An answer that
+`{"name":"...","arguments":{...}}` (Llama 3: "parameters") with the name first; one call
+per answer. An answer that
 does not read that way (a grammar this reader does not know) is still handled: nothing of a
 call is sent until its name is read, and whatever never became a call goes out as content.
 What does not live here: the grammar and the prompt (tools.py), the response shapes
@@ -22,14 +23,16 @@ import json
 import re
 import uuid
 
-_HEAD = re.compile(r'\s*(?:<tool_call>\s*)?\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+_HEAD = r'\s*(?:<tool_call>\s*)?\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"%s"\s*:\s*'
 
 
 class CallReader:
-    def __init__(self, names: set[str], call_opens: str, call_only: bool):
+    def __init__(self, names: set[str], call_opens: str, call_only: bool, arguments_key: str = "arguments"):
         """names: the functions the answer may call; call_opens: the first character of a
-        call ("{" or "<"); call_only: the answer must be a call (tool_choice required or named)."""
+        call ("{" or "<"); call_only: the answer must be a call (tool_choice required or named);
+        arguments_key: "arguments", or "parameters" in Llama 3's calls."""
         self.names, self.call_opens = names, call_opens
+        self._head = re.compile(_HEAD % re.escape(arguments_key))
         self.kind = "call" if call_only else None  # None until the first character decides
         self.text = ""
         self.call_id = f"call_{uuid.uuid4().hex[:24]}"
@@ -57,7 +60,7 @@ class CallReader:
         return deltas
 
     def _read_head(self) -> bool:
-        m = _HEAD.match(self.text)
+        m = self._head.match(self.text)
         if m is None:
             return False
         name = json.loads(m.group(1))

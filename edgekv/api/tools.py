@@ -3,10 +3,12 @@
 What lives here: `ToolCalling`, which checks the request's tools and tool_choice, prepares
 the conversation for the model's template, gives the grammar that makes the model's answer
 a valid call (or lets it answer in text, for "auto"), and reads the calls back out of the
-generated text. Two formats:
+generated text. Three formats:
   - "hermes": the template renders `tools` itself and expects
     `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen 2.5/3, Hermes);
     earlier calls and tool results go to the template as Hugging Face passes them;
+  - "llama3": likewise, for Llama 3.1-3.3's custom tools: a bare
+    `{"name": ..., "parameters": {...}}`, results in the template's ipython turns;
   - "json" (any other template): a system message lists the functions and asks for a bare
     `{"name": ..., "arguments": {...}}`; earlier calls become assistant text and tool results
     user messages ("Function NAME returned: ...").
@@ -31,7 +33,7 @@ class ToolCalling:
     def __init__(self, tools: Any, tool_choice: Any, template: str):
         self.functions = _functions(tools)
         self.choice = _choice(tool_choice, self.functions)
-        self.format = "hermes" if "<tool_call>" in template and "tools" in template else "json"
+        self.format = _format(template)
 
     @property
     def active(self) -> bool:
@@ -42,7 +44,7 @@ class ToolCalling:
 
     def messages(self, messages: list[dict]) -> list[dict]:
         """The conversation as the template should see it."""
-        if self.format == "hermes":
+        if self.format != "json":
             return [_hf_message(m) for m in messages]
         out, names = [], {}
         for m in messages:
@@ -73,7 +75,7 @@ class ToolCalling:
         return [{"role": "system", "content": text}] + messages
 
     def template_kwargs(self) -> dict[str, Any]:
-        if self.format == "hermes" and self.functions:
+        if self.format != "json" and self.functions:
             return {"tools": [{"type": "function", "function": f} for f in self.functions]}
         return {}
 
@@ -86,9 +88,10 @@ class ToolCalling:
             return None
         wanted = self.functions if self.choice in ("auto", "required") else \
             [f for f in self.functions if f["name"] == self.choice]
+        key = self.arguments_key
         call = json.dumps({"x-guidance": {"whitespace_flexible": False}, "anyOf": [{"type": "object", "properties": {
-            "name": {"const": f["name"]}, "arguments": _closed(f.get("parameters") or {"type": "object"})},
-            "required": ["name", "arguments"], "additionalProperties": False} for f in wanted]})
+            "name": {"const": f["name"]}, key: _closed(f.get("parameters") or {"type": "object"})},
+            "required": ["name", key], "additionalProperties": False} for f in wanted]})
         if self.format == "hermes":
             rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
             text = r"/[^<][\s\S]*/"
@@ -98,10 +101,15 @@ class ToolCalling:
         start = "start: call | text\ntext: " + text if self.choice == "auto" else "start: call"
         return Grammar.from_lark(f"{start}\n{rules}")
 
+    @property
+    def arguments_key(self) -> str:
+        """The key of a call's arguments in the model's text."""
+        return "parameters" if self.format == "llama3" else "arguments"
+
     def reader(self) -> CallReader:
         """A reader for this answer's text: plain text or a call, as it comes (tool_reader.py)."""
         return CallReader({f["name"] for f in self.functions}, "<" if self.format == "hermes" else "{",
-                          call_only=self.choice != "auto")
+                          call_only=self.choice != "auto", arguments_key=self.arguments_key)
 
     def calls(self, text: str) -> list[dict] | None:
         """The tool calls in a generated answer (OpenAI's message["tool_calls"]), or None
@@ -111,6 +119,14 @@ class ToolCalling:
         reader = self.reader()
         reader.push(text)
         return reader.calls()
+
+
+def _format(template: str) -> str:
+    if "<tool_call>" in template and "tools" in template:
+        return "hermes"
+    if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2, 3.3
+        return "llama3"
+    return "json"
 
 
 def _functions(tools: Any) -> list[dict]:
