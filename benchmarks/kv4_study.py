@@ -21,6 +21,9 @@ Codecs (every one stores 4-bit values in blocks of 32 with one f16 scale: 4.5 bi
   matrix        K minus its mean, times A with A^T A the matrix geometric mean of Ck^-1 and
                 Cq (the same optimum among all linear maps), then rotated, then nl
   K only / V only: the other one kept in f16, to see which costs what
+  +window 32    the newest 32 positions kept in f16 until newer ones push them out (KIVI's
+                residual; measured with the method's batches, so a batch's early queries see
+                some keys already coded: a slight underestimate of the window's benefit)
 The results and what they decided: benchmarks/README.md (2026-12-01, issue 14).
 
     python benchmarks/kv4_study.py [-m smollm2-135m-instruct] [--chunks 4] [--calib README.md]
@@ -146,7 +149,7 @@ def transformed_k(k: np.ndarray, cal: dict, how: str) -> np.ndarray:
     return rotated(np.ascontiguousarray(x * s), iq4_nl, k_block(k.shape[-1])) / s + cal["mean"]
 
 
-CODECS = {  # name -> (K codec, V codec, sinks); a codec: (rows f32[n, n_kv, hd], layer calibration) -> rows
+CODECS = {  # name -> (K codec, V codec, sinks[, f16 window]); a codec: (rows f32[n, n_kv, hd], layer calibration) -> rows
     "q8_0 (reference)": ("q8_0", "q8_0", False),
     "q4_0": ("q4_0", "q4_0", False),
     "nl": ("nl", "nl", False),
@@ -156,6 +159,8 @@ CODECS = {  # name -> (K codec, V codec, sinks); a codec: (rows f32[n, n_kv, hd]
     "matrix +sinks": ("matrix", "nl", True),
     "matrix +sinks, K only": ("matrix", "f16", True),
     "nl +sinks, V only": ("f16", "nl", True),
+    "diag +sinks +window 32": ("diag", "nl", True, 32),
+    "nl +sinks +window 32, V only": ("f16", "nl", True, 32),
 }
 
 
@@ -177,7 +182,12 @@ def scored_logp(model, tokens, n_chunks: int, codec: tuple | None, calib: dict) 
     """The scored rows' logits of each chunk with the codec on every stored row (None: f16)."""
     session = model.session(512, 512, "f32" if codec else "f16", "f32" if codec else "f16")
     backend, cache = session.cache.backend, session.cache
+    pending: dict = {}  # (K?, layer) -> {slot: its coded row}, rows still held in f16 (the window)
     if codec:
+        def put(dst, ggml_type, slots, rows, limit):
+            type(backend).store_kv(backend, dst, ggml_type, np.asarray(slots, np.int64),
+                                   np.ascontiguousarray(rows, np.float32), limit)
+
         def store(dst, ggml_type, slots, src, limit):
             is_k = any(a is dst for a in cache.k)
             layer = next(i for i, a in enumerate(cache.k if is_k else cache.v) if a is dst)
@@ -185,7 +195,17 @@ def scored_logp(model, tokens, n_chunks: int, codec: tuple | None, calib: dict) 
             if codec[2]:
                 sink = slots < SINKS
                 x[sink] = f16(src[sink])
-            type(backend).store_kv(backend, dst, ggml_type, slots, np.ascontiguousarray(x, np.float32), limit)
+            window = codec[3] if len(codec) > 3 else 0
+            if not window:
+                return put(dst, ggml_type, slots, x, limit)
+            held = pending.setdefault((is_k, layer), {})
+            if slots.min() == 0:  # a new chunk
+                held.clear()
+            held.update(zip(slots.tolist(), x))
+            put(dst, ggml_type, slots, f16(src), limit)
+            old = [slot for slot in held if slot <= slots.max() - window]
+            if old:
+                put(dst, ggml_type, old, np.stack([held.pop(slot) for slot in old]), limit)
         backend.store_kv = store
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     try:
