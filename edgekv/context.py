@@ -3,12 +3,12 @@
 What lives here: `plan_context` (n_ctx="auto" or a number -> a `KVPlan` with the chosen
 n_ctx, why it was chosen, every layer's ring capacity and the KV bytes), the default
 memory budget (`default_mem_budget`), the `--layer-window` syntax (`parse_layer_windows`),
-reading a model's hyperparameters without its weights (`read_hparams`), and the memory
-report of `edgekv mem` (`memory_report`, `format_memory_report`). This is DESIGN.md
+reading a model's hyperparameters without its weights (`read_hparams`), and the longest
+context a budget holds (`max_context`, for `edgekv kv-report`). This is DESIGN.md
 section 3's formula `2 * n_layers * n_kv_heads * head_dim * n_ctx * bytes_per_element`
 made visible, per cache type and per layer kind.
 
-What does not: allocating anything. The cache (cache.py) makes the rings a plan describes,
+What does not: the memory report of `edgekv mem` (mem_report.py); allocating anything. The cache (cache.py) makes the rings a plan describes,
 the session decides when a ring grows or overflows; nothing here reads weight data.
 
 Capacity of layer i (slots in its ring), with n_ctx the plan's context:
@@ -24,20 +24,16 @@ the cache type's ggml block format (quants.py).
 from __future__ import annotations
 
 import logging
-import os
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from .cache import cache_type_for
 from .errors import EdgeKVError, UnsupportedModelError
 from .memory import free_memory
-from .quants import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
 
 CTX_ALIGN = 256  # "auto" contexts are multiples of this (and at least this)
-F32 = 4  # bytes of a float32
 
 # why a plan has its n_ctx
 REASON_INPUT = "input length"
@@ -153,9 +149,8 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     """
     if n_batch < 1:
         raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
-    kind_k = cache_type_for("cache_type_k", cache_type_k, hp.head_dim)
-    kind_v = cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
-    row_k, row_v = hp.n_kv_heads * kind_k.row_nbytes(hp.head_dim), hp.n_kv_heads * kind_v.row_nbytes(hp.head_dim_v)
+    kind_k, kind_v = _kinds(hp, cache_type_k, cache_type_v)
+    row_k, row_v = _rows(hp, kind_k, kind_v)
     limits, kinds, windows = _layer_limits(hp, layer_windows, n_batch)
     row = row_k + row_v
     if n_ctx == "auto":
@@ -200,14 +195,7 @@ def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits:
             f"the memory budget of {format_bytes(mem_budget)} cannot hold even {smallest} tokens of KV cache "
             f"({format_bytes(_kv_bytes(smallest, limits, row))}); raise --mem-budget, free memory, or use a "
             f"smaller cache type (-ctk/-ctv q8_0 or q4_0)")
-    lo, hi = 1, n_ctx // CTX_ALIGN  # largest k with kv_bytes(k * 256) <= budget; k = lo fits
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _kv_bytes(mid * CTX_ALIGN, limits, row) <= mem_budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    fitted = max(lo * CTX_ALIGN, smallest)
+    fitted = max(_fitting_blocks(limits, row, mem_budget, n_ctx // CTX_ALIGN) * CTX_ALIGN, smallest)
     return fitted, REASON_BUDGET, f"{detail}; {n_ctx} tokens do not fit the memory budget of {format_bytes(mem_budget)}"
 
 
@@ -215,17 +203,36 @@ def max_context(hp, cache_type_k: str, cache_type_v: str, mem_budget: int,
                 layer_windows: dict[int, int] | None = None, n_batch: int = 512) -> int:
     """The longest context (a multiple of CTX_ALIGN) whose KV cache fits mem_budget, not
     capped by the trained context; 0 when not even CTX_ALIGN tokens fit."""
-    kind_k = cache_type_for("cache_type_k", cache_type_k, hp.head_dim)
-    kind_v = cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
-    row = hp.n_kv_heads * (kind_k.row_nbytes(hp.head_dim) + kind_v.row_nbytes(hp.head_dim_v))
+    row = sum(kv_row_bytes(hp, cache_type_k, cache_type_v))
     limits = _layer_limits(hp, layer_windows, n_batch)[0]
-    lo, hi = 0, 1
+    hi = 1
     while _kv_bytes(hi * CTX_ALIGN, limits, row) <= mem_budget and hi < 1 << 24:
-        lo, hi = hi, hi * 2
-    while lo + 1 < hi:  # kv_bytes(lo) fits, kv_bytes(hi) does not
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _kv_bytes(mid * CTX_ALIGN, limits, row) <= mem_budget else (lo, mid)
-    return lo * CTX_ALIGN
+        hi *= 2
+    return _fitting_blocks(limits, row, mem_budget, hi) * CTX_ALIGN
+
+
+def _fitting_blocks(limits: list[float], row: int, mem_budget: int, hi: int) -> int:
+    """The largest k <= hi whose k * CTX_ALIGN tokens of KV cache fit mem_budget (0: none)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _kv_bytes(mid * CTX_ALIGN, limits, row) <= mem_budget else (lo, mid - 1)
+    return lo
+
+
+def kv_row_bytes(hp, cache_type_k: str, cache_type_v: str) -> tuple[int, int]:
+    """Bytes of one token's K and of its V in one layer, all KV heads (EdgeKVError for a
+    type unknown or whose blocks do not divide the head size)."""
+    return _rows(hp, *_kinds(hp, cache_type_k, cache_type_v))
+
+
+def _kinds(hp, cache_type_k: str, cache_type_v: str):
+    return cache_type_for("cache_type_k", cache_type_k, hp.head_dim), \
+        cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
+
+
+def _rows(hp, kind_k, kind_v) -> tuple[int, int]:
+    return hp.n_kv_heads * kind_k.row_nbytes(hp.head_dim), hp.n_kv_heads * kind_v.row_nbytes(hp.head_dim_v)
 
 
 # ---- memory budget -------------------------------------------------------------------------
@@ -311,93 +318,8 @@ def weight_bytes(gguf_file) -> int:
     return sum(int(t.data.nbytes) for t in gguf_file.tensors.values())
 
 
-def compute_bytes(hp, plan: KVPlan) -> dict[str, int]:
-    """Estimated working buffers of a forward pass (models/base.py Scratch and attention):
-    scratch rows for a chunk, one logits row, prefill attention scores over the context,
-    and the float32 copies of one layer's K and V that BLAS prefill attends over."""
-    nb = plan.n_batch
-    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
-    row = 3 * hp.dim + q_dim + kv_dim + hp.n_kv_heads * hp.head_dim_v + hp.n_heads * hp.head_dim_v + 2 * hp.ff
-    capacity = max(plan.capacities) if plan.capacities else plan.n_ctx
-    return {
-        "scratch": nb * row * F32,
-        "logits": hp.n_vocab * F32,
-        "attention scores": nb * hp.n_heads * capacity * F32,
-        "attention K/V f32": hp.n_kv_heads * capacity * (hp.head_dim + hp.head_dim_v) * F32,
-    }
-
-
-def bytes_per_token_by_type(hp) -> dict[str, int]:
-    """{cache type: bytes one token takes in K and V over all layers} with K = V = that
-    type, for the types whose blocks the model's head sizes allow."""
-    per_type = {}
-    for name, kind in KV_CACHE_TYPES.items():
-        if hp.head_dim % kind.quant.block_size == 0 and hp.head_dim_v % kind.quant.block_size == 0:
-            row = kind.row_nbytes(hp.head_dim) + kind.row_nbytes(hp.head_dim_v)
-            per_type[name] = hp.n_layers * hp.n_kv_heads * row
-    return per_type
-
-
-def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
-    """Everything `edgekv mem` prints, as numbers (bytes)."""
-    kinds = plan.kinds()
-    weights = weight_bytes(gguf_file)
-    compute = compute_bytes(hp, plan)
-    per_type = bytes_per_token_by_type(hp)
-    return {
-        "model": str(gguf_file.get("general.name", os.path.basename(gguf_file.path))),
-        "arch": hp.arch, "n_layers": hp.n_layers, "n_kv_heads": hp.n_kv_heads,
-        "head_dim": hp.head_dim, "head_dim_v": hp.head_dim_v, "n_ctx_train": hp.n_ctx_train,
-        "n_ctx": plan.n_ctx, "reason": plan.reason, "detail": plan.detail, "n_batch": plan.n_batch,
-        "cache_type_k": plan.cache_type_k, "cache_type_v": plan.cache_type_v,
-        "bytes_per_token_k": plan.bytes_per_token_k, "bytes_per_token_v": plan.bytes_per_token_v,
-        "bytes_per_token_by_type": per_type,
-        "kv_by_kind": {kind: asdict(s) for kind, s in kinds.items()},
-        "kv_bytes": plan.kv_bytes,
-        "weights_bytes": weights,
-        "compute": compute,
-        "compute_bytes": sum(compute.values()),
-        "total_bytes": weights + plan.kv_bytes + sum(compute.values()),
-        "mem_budget": plan.mem_budget,
-    }
-
-
 def format_bytes(n: int | float) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
-
-
-def _both(n: int) -> str:
-    return f"{n:,} bytes ({format_bytes(n)})"
-
-
-def format_memory_report(report: dict[str, Any]) -> str:
-    """The report as text: the plan (n_ctx and why, bytes per token, KV total), then the
-    weights, the compute buffers and the sum."""
-    r = report
-    lines = [
-        f"model:           {r['model']} ({r['arch']}, {r['n_layers']} layers, {r['n_kv_heads']} KV heads, "
-        f"head size {r['head_dim']}" + (f"/{r['head_dim_v']}" if r["head_dim_v"] != r["head_dim"] else "") + ")",
-        f"n_ctx:           {r['n_ctx']} ({r['reason']}: {r['detail']}); trained context {r['n_ctx_train']}",
-        f"cache types:     K {r['cache_type_k']}, V {r['cache_type_v']}",
-        f"KV per token:    K {r['bytes_per_token_k']:,} + V {r['bytes_per_token_v']:,} = "
-        f"{r['bytes_per_token_k'] + r['bytes_per_token_v']:,} bytes (all layers)",
-        "  by type (K=V): " + ", ".join(f"{name} {n:,}" for name, n in r["bytes_per_token_by_type"].items()),
-        "KV cache by layer kind:",
-    ]
-    for kind, s in r["kv_by_kind"].items():
-        cap = (str(s["capacity_min"]) if s["capacity_min"] == s["capacity_max"]
-               else f"{s['capacity_min']}-{s['capacity_max']}")
-        lines.append(f"  {kind:<15}{s['n_layers']:>4} layers x {cap:>7} slots, "
-                     f"{s['bytes_per_token_k'] + s['bytes_per_token_v']:,} bytes/token: {_both(s['kv_bytes'])}")
-    lines.append(f"KV cache total:  {_both(r['kv_bytes'])}")
-    lines.append(f"weights:         {_both(r['weights_bytes'])}")
-    lines.append(f"compute (est.):  {_both(r['compute_bytes'])} = "
-                 + " + ".join(f"{name} {format_bytes(n)}" for name, n in r["compute"].items())
-                 + f" (n_batch {r['n_batch']})")
-    lines.append(f"total:           {_both(r['total_bytes'])}")
-    if r["mem_budget"] is not None:
-        lines.append(f"KV budget:       {_both(r['mem_budget'])}")
-    return "\n".join(lines)

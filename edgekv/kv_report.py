@@ -23,7 +23,7 @@ import numpy as np
 
 from .bench import BenchTest, run_test
 from .cache import cache_type_for
-from .context import max_context
+from .context import kv_row_bytes, max_context
 from .errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
 
@@ -118,12 +118,10 @@ def measure_quality(model, tokens: Sequence[int], n_ctx: int, pairs: Sequence[Ca
     tallies = {p: _Tally() for p in pairs}
     for i in range(n_chunks):
         chunk = tokens[i * n_ctx : (i + 1) * n_ctx]
-        base_logp, targets = [], []
+        base_logp = []
         for rows, tgt in chunk_logits(base, chunk, bos):
-            logp = log_softmax(rows)
             tallies[base_pair].add(token_nll(rows, tgt), np.zeros(len(tgt)), len(tgt))
-            base_logp.append(logp)
-            targets.append(tgt)
+            base_logp.append(log_softmax(rows))
         for pair, session in sessions.items():
             for j, (rows, tgt) in enumerate(chunk_logits(session, chunk, bos)):
                 same = int((rows.argmax(axis=1) == base_logp[j].argmax(axis=1)).sum())
@@ -142,12 +140,9 @@ class Storage:
 
 
 def storage(hp, pair: CachePair, mem_budget: int) -> Storage:
-    kind_k = cache_type_for("K", pair.type_k, hp.head_dim)
-    kind_v = cache_type_for("V", pair.type_v, hp.head_dim_v)
-    row_k, row_v = kind_k.row_nbytes(hp.head_dim), kind_v.row_nbytes(hp.head_dim_v)
-    per_token = hp.n_layers * hp.n_kv_heads * (row_k + row_v)
-    max_ctx = max_context(hp, pair.type_k, pair.type_v, mem_budget)
-    return Storage(8 * row_k / hp.head_dim, 8 * row_v / hp.head_dim_v, per_token, max_ctx)
+    row_k, row_v = kv_row_bytes(hp, pair.type_k, pair.type_v)  # one layer, all KV heads
+    bits_k, bits_v = 8 * row_k / (hp.n_kv_heads * hp.head_dim), 8 * row_v / (hp.n_kv_heads * hp.head_dim_v)
+    return Storage(bits_k, bits_v, hp.n_layers * (row_k + row_v), max_context(hp, pair.type_k, pair.type_v, mem_budget))
 
 
 def decode_speed(model, pair: CachePair, depth: int, n_gen: int, repetitions: int, threads: int | None) -> float:

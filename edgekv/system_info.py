@@ -99,7 +99,7 @@ def model_info(model) -> dict[str, str]:
     from gguf import GGMLQuantizationType as T
 
     from .cache import CACHE_TYPES
-    from .context import bytes_per_token_by_type
+    from .mem_report import bytes_per_token_by_type
 
     hp, int8dot = model.hp, getattr(model.backend, "use_int8dot", False)
     counts = Counter(t.ggml_type for t in model.gguf.tensors.values() if len(t.shape) == 2)

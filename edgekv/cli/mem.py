@@ -2,7 +2,7 @@
 
 What lives here: the command's options (llama.cpp's -c, -ctk, -ctv, -b, plus -p/-n as
 token counts for the "auto" context, --layer-window and --mem-budget) and printing the
-report. What does not: the planning and the arithmetic (context.py).
+report. What does not: the planning (context.py), the report's arithmetic (mem_report.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .. import context
+from ..mem_report import format_memory_report, memory_report
 from ..catalog import resolve_model
 from ..errors import EdgeKVError
 from ..gguf import GGUFFile
@@ -58,6 +59,6 @@ def mem(args: argparse.Namespace) -> int:
     plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
                                 args.cache_type_v, mem_budget=budget, layer_windows=windows,
                                 n_batch=args.batch_size)
-    print(context.format_memory_report(context.memory_report(g, hp, plan)))
+    print(format_memory_report(memory_report(g, hp, plan)))
     print(f"budget from:     {source}")
     return 0

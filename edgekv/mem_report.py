@@ -1,0 +1,102 @@
+"""`edgekv mem`'s report: what a context plan costs in KV cache, weights and compute buffers.
+
+What lives here: `memory_report` (every figure `edgekv mem` prints, as numbers), the
+compute-buffer estimate, bytes per token for each cache type, and the report as text.
+What does not: choosing the context (context.py), the command's options (cli/mem.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from .context import KVPlan, format_bytes, weight_bytes
+from .quants import KV_CACHE_TYPES
+
+F32 = 4  # bytes of a float32
+
+
+def compute_bytes(hp, plan: KVPlan) -> dict[str, int]:
+    """Estimated working buffers of a forward pass (models/base.py Scratch and attention):
+    scratch rows for a chunk, one logits row, prefill attention scores over the context,
+    and the float32 copies of one layer's K and V that BLAS prefill attends over."""
+    nb = plan.n_batch
+    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    row = 3 * hp.dim + q_dim + kv_dim + hp.n_kv_heads * hp.head_dim_v + hp.n_heads * hp.head_dim_v + 2 * hp.ff
+    capacity = max(plan.capacities) if plan.capacities else plan.n_ctx
+    return {
+        "scratch": nb * row * F32,
+        "logits": hp.n_vocab * F32,
+        "attention scores": nb * hp.n_heads * capacity * F32,
+        "attention K/V f32": hp.n_kv_heads * capacity * (hp.head_dim + hp.head_dim_v) * F32,
+    }
+
+
+def bytes_per_token_by_type(hp) -> dict[str, int]:
+    """{cache type: bytes one token takes in K and V over all layers} with K = V = that
+    type, for the types whose blocks the model's head sizes allow."""
+    per_type = {}
+    for name, kind in KV_CACHE_TYPES.items():
+        if hp.head_dim % kind.quant.block_size == 0 and hp.head_dim_v % kind.quant.block_size == 0:
+            row = kind.row_nbytes(hp.head_dim) + kind.row_nbytes(hp.head_dim_v)
+            per_type[name] = hp.n_layers * hp.n_kv_heads * row
+    return per_type
+
+
+def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
+    """Everything `edgekv mem` prints, as numbers (bytes)."""
+    kinds = plan.kinds()
+    weights = weight_bytes(gguf_file)
+    compute = compute_bytes(hp, plan)
+    per_type = bytes_per_token_by_type(hp)
+    return {
+        "model": str(gguf_file.get("general.name", os.path.basename(gguf_file.path))),
+        "arch": hp.arch, "n_layers": hp.n_layers, "n_kv_heads": hp.n_kv_heads,
+        "head_dim": hp.head_dim, "head_dim_v": hp.head_dim_v, "n_ctx_train": hp.n_ctx_train,
+        "n_ctx": plan.n_ctx, "reason": plan.reason, "detail": plan.detail, "n_batch": plan.n_batch,
+        "cache_type_k": plan.cache_type_k, "cache_type_v": plan.cache_type_v,
+        "bytes_per_token_k": plan.bytes_per_token_k, "bytes_per_token_v": plan.bytes_per_token_v,
+        "bytes_per_token_by_type": per_type,
+        "kv_by_kind": {kind: asdict(s) for kind, s in kinds.items()},
+        "kv_bytes": plan.kv_bytes,
+        "weights_bytes": weights,
+        "compute": compute,
+        "compute_bytes": sum(compute.values()),
+        "total_bytes": weights + plan.kv_bytes + sum(compute.values()),
+        "mem_budget": plan.mem_budget,
+    }
+
+
+def _both(n: int) -> str:
+    return f"{n:,} bytes ({format_bytes(n)})"
+
+
+def format_memory_report(report: dict[str, Any]) -> str:
+    """The report as text: the plan (n_ctx and why, bytes per token, KV total), then the
+    weights, the compute buffers and the sum."""
+    r = report
+    lines = [
+        f"model:           {r['model']} ({r['arch']}, {r['n_layers']} layers, {r['n_kv_heads']} KV heads, "
+        f"head size {r['head_dim']}" + (f"/{r['head_dim_v']}" if r["head_dim_v"] != r["head_dim"] else "") + ")",
+        f"n_ctx:           {r['n_ctx']} ({r['reason']}: {r['detail']}); trained context {r['n_ctx_train']}",
+        f"cache types:     K {r['cache_type_k']}, V {r['cache_type_v']}",
+        f"KV per token:    K {r['bytes_per_token_k']:,} + V {r['bytes_per_token_v']:,} = "
+        f"{r['bytes_per_token_k'] + r['bytes_per_token_v']:,} bytes (all layers)",
+        "  by type (K=V): " + ", ".join(f"{name} {n:,}" for name, n in r["bytes_per_token_by_type"].items()),
+        "KV cache by layer kind:",
+    ]
+    for kind, s in r["kv_by_kind"].items():
+        cap = (str(s["capacity_min"]) if s["capacity_min"] == s["capacity_max"]
+               else f"{s['capacity_min']}-{s['capacity_max']}")
+        lines.append(f"  {kind:<15}{s['n_layers']:>4} layers x {cap:>7} slots, "
+                     f"{s['bytes_per_token_k'] + s['bytes_per_token_v']:,} bytes/token: {_both(s['kv_bytes'])}")
+    lines.append(f"KV cache total:  {_both(r['kv_bytes'])}")
+    lines.append(f"weights:         {_both(r['weights_bytes'])}")
+    lines.append(f"compute (est.):  {_both(r['compute_bytes'])} = "
+                 + " + ".join(f"{name} {format_bytes(n)}" for name, n in r["compute"].items())
+                 + f" (n_batch {r['n_batch']})")
+    lines.append(f"total:           {_both(r['total_bytes'])}")
+    if r["mem_budget"] is not None:
+        lines.append(f"KV budget:       {_both(r['mem_budget'])}")
+    return "\n".join(lines)
