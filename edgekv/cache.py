@@ -2,8 +2,10 @@
 
 Layout per layer: K u8[n_kv_heads, cap, row_bytes_k] and V u8[n_kv_heads, cap,
 row_bytes_v], one token's head_dim values per row, stored in the cache type's ggml block
-format (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; K and V chosen separately), so V
-is never transposed and a quantized row is quantized once, on write. `pos[layer][s]` is
+format (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_cal; K and V chosen
+separately), so V is never transposed and a quantized row is quantized once, on write.
+A calibrated K type (iq4_cal) stores K through the model's `KeyMap` (kv_calibration.py
+says why and how it is measured). `pos[layer][s]` is
 the absolute position held by slot s (-1 when empty); attention reads positions only for
 its masks, so slots are used in any order and nothing is ever copied on wrap.
 
@@ -34,6 +36,11 @@ from .errors import ContextFullError, EdgeKVError
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
+# A calibrated K type keeps the K of the first SINKS positions also in f32 beside the ring
+# (sink_k): the first token draws much of every query's attention and its key lies far from
+# K's mean, so its 4-bit error moves every score (SmolLM2, kv4_study's codec: mean KLD
+# 0.030 without, 0.021 with; 2 or 4 positions measured no better than 1).
+SINKS = 1
 # Numerical policy: a K or V value beyond what the cache type stores finite is saturated
 # (KVCacheType.limit: +-65504 for f16, the f16 block scale's reach for the quantized types;
 # llama.cpp would store inf and produce NaN scores); NaN stays NaN, and NaN or infinite
@@ -69,6 +76,52 @@ def rotate(x: np.ndarray, h: np.ndarray | None) -> None:
         x[...] = (x.reshape(-1, n) @ h).reshape(x.shape)
 
 
+@dataclass(frozen=True)
+class KeyMap:
+    """What a calibrated K type stores instead of K: (k - mean) * scale per channel, the
+    query divided by the same scale, so q . k changes by q . mean, one constant per query
+    and KV head, which softmax ignores. mean, scale: f32[n_layers, n_kv_heads, head_dim]."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def identity(cls, n_layers: int, n_kv_heads: int, head_dim: int) -> "KeyMap":
+        """The map that changes nothing (mean 0, scale 1)."""
+        shape = (n_layers, n_kv_heads, head_dim)
+        return cls(np.zeros(shape, np.float32), np.ones(shape, np.float32))
+
+    def keys(self, layer: int, k: np.ndarray) -> None:
+        map_keys(k, self.mean[layer], self.scale[layer])
+
+    def unkeys(self, layer: int, k: np.ndarray) -> None:
+        """The stored values (f32[m, n_kv_heads, head_dim]) -> K, in place."""
+        k /= self.scale[layer]
+        k += self.mean[layer]
+
+    def same(self, other: "KeyMap | None") -> bool:
+        return other is not None and np.array_equal(self.mean, other.mean) and np.array_equal(self.scale, other.scale)
+
+
+def map_keys(k: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
+    """k: f32[m, n_kv_heads, head_dim] -> (k - mean) * scale, in place (one layer's KeyMap)."""
+    k -= mean
+    k *= scale
+
+
+def map_queries(q: np.ndarray, scale: np.ndarray) -> None:
+    """q: f32[n, n_heads, head_dim] -> q / scale, in place; GQA: a KV head's scale
+    (scale: f32[n_kv_heads, head_dim]) serves its group of query heads."""
+    q.reshape(q.shape[0], scale.shape[0], -1, q.shape[2])[...] /= scale[None, :, None, :]
+
+
+def keep_sinks(sink_k: np.ndarray, positions: np.ndarray, k: np.ndarray) -> None:
+    """Copy the stored K rows (k: f32[m, n_kv, hd]) of positions below SINKS into sink_k:
+    f32[n_kv, SINKS, hd], one layer's sink rows by position."""
+    for t in np.flatnonzero(positions < sink_k.shape[1]):
+        sink_k[:, positions[t]] = k[t]
+
+
 def cache_type_for(option: str, name: str, head_dim: int):
     """The cache type `name` for rows of head_dim values, or EdgeKVError saying why not."""
     try:
@@ -94,11 +147,19 @@ class Reservation:
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int,
                  capacity: int, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
-                 n_batch: int = 512, n_keep: int = 0, backend: Backend | str | None = None):
+                 n_batch: int = 512, n_keep: int = 0, backend: Backend | str | None = None,
+                 key_map: KeyMap | None = None):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
         self.kind_k = cache_type_for("cache_type_k", type_k, head_dim_k)
         self.kind_v = cache_type_for("cache_type_v", type_v, head_dim_v)
+        if self.kind_k.calibrated and key_map is None:
+            raise EdgeKVError(f"cache_type_k={type_k!r} needs the model's key map (kv_calibration.key_map)")
+        self.key_map = key_map if self.kind_k.calibrated else None
+        # the first SINKS positions' stored (mapped, rotated) K in f32, by position; None unless calibrated
+        self.sink_k = np.zeros((n_layers, n_kv_heads, SINKS, head_dim_k), np.float32) if self.key_map is not None else None
+        # who sees each layer's Q and K on their way in (kv_calibration measures with it)
+        self.observer = None
         self.capacity = capacity
         self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
@@ -176,9 +237,12 @@ class KVCache:
 
     def layer_view(self, layer: int) -> LayerView:
         """What layer `layer` holds, for the backend's attention."""
+        m = self.key_map
         return LayerView(self.k[layer], self.v[layer], self.kind_k.quant.ggml_type, self.kind_v.quant.ggml_type,
                          self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k, self.rot_v,
-                         _limit(self.kind_k), _limit(self.kind_v))
+                         _limit(self.kind_k), _limit(self.kind_v),
+                         None if m is None else m.mean[layer], None if m is None else m.scale[layer],
+                         None if m is None else self.sink_k[layer])
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
@@ -243,17 +307,26 @@ class KVCache:
         k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)  # [n_kv, m, hd]
         k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
         rotate(k, self.rot_k)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
+        if self.key_map is not None:
+            self.key_map.unkeys(layer, k)
         shift_keys(layer, k, delta)
+        if self.key_map is not None:
+            self.key_map.keys(layer, k)
         rotate(k, self.rot_k)
         self.write_k(layer, slots, k)
+        if self.sink_k is not None:
+            keep_sinks(self.sink_k[layer], self.pos[layer][slots], k)
 
     # -- whole-cache copies: snapshots and growth (session.py) ---------------------------------
 
     def load(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], pos: Sequence[np.ndarray],
-             ring: np.ndarray, n_tokens: int) -> None:
+             ring: np.ndarray, n_tokens: int, key_map: KeyMap | None = None, sink_k: np.ndarray | None = None) -> None:
         """Take over arrays of the same geometry (a SessionState's copies): K/V rows, slot
-        positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens."""
+        positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens; for a
+        calibrated K type also the key map its rows were stored through and the sink rows."""
         self.k, self.v, self.pos = list(k), list(v), list(pos)
+        if self.kind_k.calibrated:
+            self.key_map, self.sink_k = key_map, sink_k
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
 
@@ -262,6 +335,8 @@ class KVCache:
         ring keeps its size is copied slot for slot (ring pointer included); a layer whose
         ring is larger receives its live slots in position order at the front, so a
         windowed ring's next write still overwrites its oldest slot."""
+        self.key_map = other.key_map
+        self.sink_k = None if other.sink_k is None else other.sink_k.copy()
         for layer, pos in enumerate(other.pos):
             if self.caps[layer] == other.caps[layer]:
                 self.k[layer][...] = other.k[layer]

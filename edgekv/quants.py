@@ -50,6 +50,7 @@ Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integ
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -116,8 +117,9 @@ def quant_type(ggml_type: int) -> QuantType:
 
 
 def row_nbytes(ggml_type: int, n: int) -> int:
-    """Bytes of one row of n values; n must be a whole number of blocks."""
-    q = quant_type(ggml_type)
+    """Bytes of one row of n values (a weight type's or a cache format's); n must be a whole
+    number of blocks."""
+    q = _KV_ONLY_FORMATS.get(int(ggml_type)) or quant_type(ggml_type)
     if n % q.block_size:
         raise UnsupportedModelError(
             f"a {q.name} row of {n} values is not a whole number of {q.block_size}-value blocks")
@@ -137,7 +139,7 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
     raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     if raw.size != n_rows * nbytes:
         raise UnsupportedModelError(
-            f"{quant_type(ggml_type).name} tensor of shape {shape} needs {n_rows * nbytes} bytes, got {raw.size}")
+            f"{T(int(ggml_type)).name} tensor of shape {shape} needs {n_rows * nbytes} bytes, got {raw.size}")
     out = np.empty((n_rows, n), np.float32)
     dequant.dequantize_rows(raw.reshape(n_rows, nbytes), int(ggml_type), out)
     return out.reshape(tuple(reversed(shape)) if shape else ())
@@ -186,9 +188,22 @@ class KVCacheType:
     # scale is an f16: d = amax / 127 for q8_0, max / -8 for q4_0, max / -16 for q5_0; the
     # _1 types also store the minimum itself as an f16). llama.cpp stores inf there instead.
     limit: float
+    # K stored through the model's calibrated key map (cache.KeyMap): centred and scaled per
+    # channel before the rotation; V rows of such a type are stored as the plain format's
+    calibrated: bool = False
 
     def row_nbytes(self, n: int) -> int:
-        return row_nbytes(self.quant.ggml_type, n)
+        q = self.quant
+        if n % q.block_size:
+            raise UnsupportedModelError(f"a {self.name} row of {n} values is not a whole number of "
+                                        f"{q.block_size}-value blocks")
+        return n // q.block_size * q.type_size
+
+
+# IQ4_NL (llama.cpp's 4-bit non-linear blocks: 16 levels, one f16 scale) is a cache format
+# here, not a weight type the matvec kernels read
+_IQ4_NL = _record(T.IQ4_NL, 32, 18, "q8_0", (0,))
+_KV_ONLY_FORMATS = {_IQ4_NL.ggml_type: _IQ4_NL}
 
 
 KV_CACHE_TYPES: dict[str, KVCacheType] = {
@@ -204,6 +219,10 @@ KV_CACHE_TYPES: dict[str, KVCacheType] = {
         ("q5_1", T.Q5_1, kq.quantize_row_q5_1, dequant.dequant_row_q5_1, F16_MAX),
     )
 }
+# d = max / -127, then refitted by least squares (a little larger at most): saturate below
+KV_CACHE_TYPES["iq4_nl"] = KVCacheType("iq4_nl", _IQ4_NL, kq.quantize_row_iq4_nl, dequant.dequant_row_iq4_nl,
+                                       100 * F16_MAX)
+KV_CACHE_TYPES["iq4_cal"] = dataclasses.replace(KV_CACHE_TYPES["iq4_nl"], name="iq4_cal", calibrated=True)
 
 
 def kv_cache_type(name: str) -> KVCacheType:
@@ -216,13 +235,13 @@ def kv_cache_type(name: str) -> KVCacheType:
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float32 rows -> uint8 blocks for a KV-cache type; x: [..., n] -> [..., row_nbytes(n)]."""
-    q = quant_type(ggml_type)
-    if q.name.lower() not in KV_CACHE_TYPES:
+    kind = next((t for t in KV_CACHE_TYPES.values() if t.quant.ggml_type == int(ggml_type)), None)
+    if kind is None:
         raise UnsupportedModelError(
-            f"quantizing to {q.name} is not supported (supported: {', '.join(KV_CACHE_TYPES)})")
+            f"quantizing to ggml type {ggml_type} is not supported (supported: {', '.join(KV_CACHE_TYPES)})")
     x = np.ascontiguousarray(x, dtype=np.float32)
     n = x.shape[-1] if x.ndim else 1
     rows = x.reshape(-1, n)
-    out = np.empty((rows.shape[0], row_nbytes(ggml_type, n)), np.uint8)
-    kq.quantize_rows(rows, q.ggml_type, out)
+    out = np.empty((rows.shape[0], kind.row_nbytes(n)), np.uint8)
+    kq.quantize_rows(rows, kind.quant.ggml_type, out)
     return out.reshape(x.shape[:-1] + (out.shape[1],))

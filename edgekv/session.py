@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cache import KVCache
+from .cache import KeyMap, KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
 from .models.base import Scratch
@@ -49,6 +49,9 @@ class SessionState:
     n_tokens: int
     n_vocab: int
     logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
+    # a calibrated K type's key map and sink rows (cache.KeyMap, KVCache.sink_k); None otherwise
+    key_map: KeyMap | None = None
+    sink_k: np.ndarray | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -72,7 +75,7 @@ def _frozen_copy(a: np.ndarray) -> np.ndarray:
 class Session:
     def __init__(self, model, n_ctx: int, n_batch: int = 512, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
-                 layer_windows: dict[int, int] | None = None):
+                 layer_windows: dict[int, int] | None = None, key_map: KeyMap | None = None):
         hp = model.hp
         if n_batch < 1:
             raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
@@ -89,7 +92,7 @@ class Session:
                 raise EdgeKVError(f"layer window {layer}:{w}: layers are 0..{hp.n_layers - 1}, windows at least 1")
             windows[layer] = min(windows[layer], w) if windows[layer] else w
         self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
-                             windows, self.n_batch, self._kept(), model.backend)
+                             windows, self.n_batch, self._kept(), model.backend, key_map)
         self.scratch = Scratch(hp, self.n_batch, model.backend.n_workers)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
@@ -234,7 +237,8 @@ class Session:
                             v=tuple(_frozen_copy(a) for a in c.v), slot_pos=tuple(_frozen_copy(p) for p in c.pos),
                             ring=_frozen_copy(np.stack([c.used, c.cur])), cache_types=(c.type_k, c.type_v),
                             n_tokens=c.n_tokens, n_vocab=self.n_vocab,
-                            logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None)
+                            logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None,
+                            key_map=c.key_map, sink_k=None if c.sink_k is None else _frozen_copy(c.sink_k))
 
     def restore(self, state: SessionState) -> None:
         """Return to `state`, a snapshot of a session of the same model and n_ctx. A state that
@@ -245,9 +249,13 @@ class Session:
             if theirs[name] != value:
                 raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
                                   f"{name}={value}; a state fits only a session of the same model and context size")
+        if self.cache.kind_k.calibrated and (state.key_map is None or state.sink_k is None):
+            raise EdgeKVError("cannot restore a state without its key map into a session whose cache type is "
+                              f"{self.cache.type_k}")
         k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]
+        sink_k = None if state.sink_k is None else state.sink_k.copy()
         with Uninterrupted():
-            self.cache.load(k, v, pos, state.ring, state.n_tokens)  # the swap: nothing from here on can fail
+            self.cache.load(k, v, pos, state.ring, state.n_tokens, state.key_map, sink_k)  # the swap: nothing from here on can fail
             self.tokens[:] = state.tokens
             self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
             self._has_logits = state.logits is not None
@@ -262,10 +270,10 @@ class Session:
             raise EdgeKVError(f"cannot grow a context of {self.n_ctx} tokens to {new_n_ctx}")
         c = self.cache
         new = Session(self.model, new_n_ctx, n_batch or self.n_batch, c.type_k, c.type_v, self.context_shift,
-                      self.n_keep, self.n_discard, None)
+                      self.n_keep, self.n_discard, None, c.key_map)
         if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
             new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
-                                c.windows, new.n_batch, new._kept(), c.backend)
+                                c.windows, new.n_batch, new._kept(), c.backend, c.key_map)
         new.cache.copy_from(c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits

@@ -28,6 +28,9 @@ shape, offset, nbytes}). Arrays, with m_i live slots in layer i:
     v.{i}          u8[n_kv_heads, m_i, row_bytes_v]     their V rows, in cache_type_v
     ring           i64[2, n_layers]                     slots ever used, windowed rings' write pointer
     logits         f32[n_vocab]                         after the last token (absent if none)
+    key_mean       f32[n_layers, n_kv_heads, head_dim_k]  a calibrated K type's key map (cache.KeyMap)
+    key_scale      f32[n_layers, n_kv_heads, head_dim_k]  (these three only when cache_type_k is one)
+    sink_k         f32[n_layers, n_kv_heads, SINKS, head_dim_k]  its sink rows (KVCache.sink_k)
 
 Only live slots are stored (slot_pos >= 0), so a state of 100 tokens in a 4096-token
 context is small; loading puts each row back in the slot it came from. Dtypes are a fixed
@@ -45,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache import KeyMap
 from .errors import StateFileError
 from .session import Session, SessionState
 
@@ -92,6 +96,9 @@ def _expected_arrays(session: Session, n_live: list[int], has_logits: bool) -> d
         out[f"k.{i}"] = ("|u1", (k.shape[0], m, k.shape[2]))
         out[f"v.{i}"] = ("|u1", (v.shape[0], m, v.shape[2]))
     out["ring"] = ("<i8", (2, len(c.k)))
+    if c.sink_k is not None:
+        out["key_mean"] = out["key_scale"] = ("<f4", c.key_map.mean.shape)
+        out["sink_k"] = ("<f4", c.sink_k.shape)
     if has_logits:
         out["logits"] = ("<f4", (session.n_vocab,))
     return out
@@ -107,6 +114,8 @@ def save_session(session: Session, model_fingerprint: str, path: str | os.PathLi
         arrays[f"slots.{i}"], arrays[f"positions.{i}"] = live.astype(np.int32), pos[live].astype(np.int32)
         arrays[f"k.{i}"], arrays[f"v.{i}"] = k[:, live, :], v[:, live, :]  # fancy index: contiguous copies
     arrays["ring"] = snap.ring.astype(np.int64)
+    if snap.key_map is not None:
+        arrays["key_mean"], arrays["key_scale"], arrays["sink_k"] = snap.key_map.mean, snap.key_map.scale, snap.sink_k
     if snap.logits is not None:
         arrays["logits"] = snap.logits.astype(np.float32)
     descriptors, offset = [], 0
@@ -302,8 +311,19 @@ def _to_state(header: dict, arrays: dict[str, np.ndarray], path: str, session: S
             full[:, slots, :] = rows
             out.append(full)
     _check_full_layers_agree(slot_pos, session.cache.windows, path)
+    key_map = _key_map(arrays, path)
     logits = arrays.get("logits")
     return SessionState(tokens=tuple(header["tokens"]), k=tuple(k), v=tuple(v), slot_pos=tuple(slot_pos),
                         ring=ring.copy(), cache_types=(header["cache_type_k"], header["cache_type_v"]),
                         n_tokens=n_tokens, n_vocab=session.n_vocab,
-                        logits=None if logits is None else logits.copy())
+                        logits=None if logits is None else logits.copy(), key_map=key_map,
+                        sink_k=None if key_map is None else arrays["sink_k"].copy())
+
+
+def _key_map(arrays: dict[str, np.ndarray], path: str) -> KeyMap | None:
+    if "key_mean" not in arrays:
+        return None
+    mean, scale = arrays["key_mean"].copy(), arrays["key_scale"].copy()
+    if not (np.isfinite(mean).all() and np.isfinite(scale).all() and (scale > 0).all()):
+        raise _fail(path, "key_scale", "a key map needs finite means and finite positive scales")
+    return KeyMap(mean, scale)

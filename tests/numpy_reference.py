@@ -42,20 +42,63 @@ def _rotation_size(head_dim: int, largest: bool) -> int:
     return n
 
 
-def cache_round(x: np.ndarray, cache_type: str, largest: bool) -> np.ndarray:
-    """What a cache of `cache_type` gives back for rows x[..., head_dim]: the values rounded
-    to f16/bf16, or rotated, quantized into ggml blocks by `gguf.quants`, dequantized and
-    rotated back (largest: the K rule of the rotation size, else V's)."""
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def quantize_iq4_nl(rows: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_iq4_nl_ref (gguf.quants has no IQ4_NL quantizer), in float32 step
+    by step: per block of 32, the level nearest x / (max / -127) for each value (ties to
+    the upper level, as best_index_int8), then d = sum(w q x) / sum(w q q) with w = x^2,
+    summed in order. rows: f32[n, m] -> u8[n, m / 32 * 18] blocks {f16 d, nibbles}."""
+    b = np.ascontiguousarray(rows, np.float32).reshape(-1, 32)
+    mx = b[np.arange(len(b)), np.abs(b).argmax(1)]
+    live = np.abs(mx) >= np.float32(1e-15)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.float32(1) / (mx / np.float32(-127))
+        al = np.where(live[:, None], inv[:, None] * b, 0).astype(np.float32)
+    levels = IQ4_NL_LEVELS
+    upper = np.clip(np.searchsorted(levels, al, side="right"), 1, 15)
+    lower_closer = (al - levels[upper - 1]) < (levels[upper] - al)
+    codes = np.where(al <= levels[0], 0, np.where(al >= levels[15], 15, np.where(lower_closer, upper - 1, upper)))
+    codes = np.where(live[:, None], codes, 0)
+    q = levels[codes]
+    sumqx, sumq2 = np.zeros(len(b), np.float32), np.zeros(len(b), np.float32)
+    for j in range(32):
+        w = b[:, j] * b[:, j]
+        sumqx += w * q[:, j] * b[:, j]
+        sumq2 += w * q[:, j] * q[:, j]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(live & (sumq2 > 0), sumqx / sumq2, 0).astype(np.float16)
+    nibbles = (codes[:, :16] | (codes[:, 16:] << 4)).astype(np.uint8)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), nibbles], axis=1)
+    return out.reshape(rows.shape[0], -1)
+
+
+def _quantize_dequantize(rows: np.ndarray, cache_type: str) -> np.ndarray:
+    if cache_type in ("iq4_nl", "iq4_cal"):
+        return dequantize(quantize_iq4_nl(rows), GGMLQuantizationType.IQ4_NL).reshape(rows.shape)
+    qtype = GGMLQuantizationType[cache_type.upper()]
+    return dequantize(quantize(rows, qtype), qtype)
+
+
+def cache_round(x: np.ndarray, cache_type: str, largest: bool, key_map=None) -> np.ndarray:
+    """What a cache of `cache_type` gives back for rows x[..., n_kv_heads, head_dim]: the
+    values rounded to f16/bf16, or rotated, quantized into ggml blocks by `gguf.quants` (or
+    quantize_iq4_nl), dequantized and rotated back (largest: the K rule of the rotation
+    size, else V's). key_map = (mean, scale), f[n_kv_heads, head_dim]: the K of a calibrated
+    type goes through (x - mean) * scale first and back after."""
     if cache_type == "f32":
         return x
     if cache_type == "f16":
         return x.astype(np.float16).astype(np.float64)
-    qtype = GGMLQuantizationType[cache_type.upper()]
+    if key_map is not None:
+        mean, scale = (np.asarray(a, np.float64) for a in key_map)
+        return cache_round((x - mean) * scale, cache_type, largest) / scale + mean
     n = _rotation_size(x.shape[-1], largest)
     h = _sylvester(n) if n else None
     y = (x.reshape(-1, n) @ h).reshape(x.shape) if n else x
     rows = y.reshape(-1, x.shape[-1]).astype(np.float32)
-    y = dequantize(quantize(rows, qtype), qtype).astype(np.float64).reshape(x.shape)
+    y = _quantize_dequantize(rows, cache_type).astype(np.float64).reshape(x.shape)
     return (y.reshape(-1, n) @ h).reshape(x.shape) if n else y
 
 
@@ -74,16 +117,21 @@ def _split_fused(w: dict[str, np.ndarray], hp) -> None:
 
 class ReferenceModel:
     """cache_type_k / cache_type_v: the cache types whose rounding K and V go through
-    (`cache_round`); f32 = none. n_ctx: the session's context size, which picks Phi-3's
-    long or short LongRoPE factors. RoPE scaling is read from the GGUF's keys here, as
-    llama.cpp applies it (linear, YaRN with beta 32/1, attn_factor), in float64."""
+    (`cache_round`); f32 = none. key_map: a calibrated K type's (mean, scale), each
+    [n_layers, n_kv_heads, head_dim] (the session's KeyMap: a parameter of the format, like
+    the rotation), whose K at positions below `sinks` is kept unrounded. n_ctx: the
+    session's context size, which picks Phi-3's long or short LongRoPE factors. RoPE
+    scaling is read from the GGUF's keys here, as llama.cpp applies it (linear, YaRN with
+    beta 32/1, attn_factor), in float64."""
 
-    def __init__(self, path, cache_type_k: str = "f32", cache_type_v: str = "f32", n_ctx: int = 0):
+    def __init__(self, path, cache_type_k: str = "f32", cache_type_v: str = "f32", n_ctx: int = 0,
+                 key_map=None, sinks: int = 1):
         g = GGUFFile(path)
         self.hp = hp = build_model(g).hp
         self.w = _weights(g)
         _split_fused(self.w, hp)
         self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+        self.key_map, self.sinks = key_map, sinks if key_map is not None else 0
         self._rope_setup(g, n_ctx)
 
     def _rope_setup(self, g: GGUFFile, n_ctx: int) -> None:
@@ -109,8 +157,13 @@ class ReferenceModel:
         """x @ W^T for the weight `name` (dequantized by gguf.quants)."""
         return x @ self.w[name].T
 
-    def round_kv(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return cache_round(k, self.cache_type_k, largest=True), cache_round(v, self.cache_type_v, largest=False)
+    def round_k(self, layer: int, k: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """K rows [n, n_kv, hd] at positions pos as the cache gives them back."""
+        key_map = None if self.key_map is None else (self.key_map[0][layer], self.key_map[1][layer])
+        out = cache_round(k, self.cache_type_k, largest=True, key_map=key_map)
+        sink = pos < self.sinks
+        out[sink] = k[sink]
+        return out
 
     def _rms(self, x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.hp.norm_eps) * w
@@ -148,8 +201,8 @@ class ReferenceModel:
         if p + "attn_q_norm.weight" in w:  # gemma3, qwen3
             q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
         q, k = self._rope(q, pos, self.theta(i)), self._rope(k, pos, self.theta(i))
-        k, v = self.round_kv(k, v.reshape(n, hp.n_kv_heads, hp.head_dim_v))
-        return q, k, v
+        k = self.round_k(i, k, pos)
+        return q, k, cache_round(v.reshape(n, hp.n_kv_heads, hp.head_dim_v), self.cache_type_v, largest=False)
 
     def finish(self, i: int, x: np.ndarray, att: np.ndarray, gelu=None) -> np.ndarray:
         """The residual stream after layer i, given its attention output att: [n, n_heads * head_dim_v]."""
@@ -225,7 +278,8 @@ class ReferenceSession:
         for i in range(self.m.hp.n_layers):
             k = self.k[i][keep]
             k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self.m.theta(i))
-            k[moved] = cache_round(k[moved], self.m.cache_type_k, largest=True)  # re-stored after the shift
+            new_pos = np.flatnonzero(moved) + 0.0  # positions after the discard
+            k[moved] = self.m.round_k(i, k[moved], new_pos)  # re-stored after the shift
             self.k[i], self.v[i] = k, self.v[i][keep]
         self.pos = np.arange(len(keep), dtype=np.float64)
 

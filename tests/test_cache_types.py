@@ -1,5 +1,5 @@
-"""Cache types: K and V stored as f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1, chosen
-separately, quantized on write, read block by block by attention."""
+"""Cache types: K and V stored as f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl or
+iq4_cal, chosen separately, quantized on write, read block by block by attention."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ TOKENS = [5, 17, 42, 3, 99, 7, 64, 12, 8, 30, 2, 77, 51, 9, 14, 33, 21, 60, 11, 
 QUANTIZED_DIMS = dict(dim=128, n_heads=4, n_kv_heads=2, head_dim=32, ff=256)  # head rows of one block
 # logits vs an f32 cache, relative to the logit scale: the cache type's rounding only
 REL_TOL = {"f32": 1e-6, "f16": 2e-3, "bf16": 2e-2, "q8_0": 1e-2, "q5_0": 5e-2, "q5_1": 5e-2,
-           "q4_0": 1e-1, "q4_1": 1e-1}
+           "q4_0": 1e-1, "q4_1": 1e-1, "iq4_nl": 1e-1, "iq4_cal": 1e-1}
 
 
 # gemma3's GELU reads ggml's f16 table, which turns last-bit differences (slot order in a
@@ -49,7 +49,7 @@ def test_quantized_cache_is_not_dequantized_f32_in_disguise(model):
 
 def test_bytes_per_token_of_smollm2_geometry():
     # 30 layers, 3 KV heads of 64 values, K and V
-    expected = {"f16": 23_040, "q8_0": 12_240, "q4_0": 6_480}
+    expected = {"f16": 23_040, "q8_0": 12_240, "q4_0": 6_480, "iq4_nl": 6_480}
     for name, total in expected.items():
         cache = KVCache(30, 3, 64, 64, 4, name, name)
         assert sum(cache.bytes_per_token()) == total

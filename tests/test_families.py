@@ -26,7 +26,7 @@ FAMILIES = {
     "qwen2-yarn": dict(arch="qwen2", metadata=YARN),
     "llama-linear": dict(arch="llama", metadata={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}),
 }
-CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_cal"]
 TOKENS = [5, 17, 42, 3, 99, 7, 64, 12, 8, 30, 2, 77, 51, 9, 14, 33, 21, 60, 11, 4]
 # F32 weights and an f32 cache leave float32 arithmetic: measured <= 1e-6 of the logit scale.
 PREFILL_TOL = 1e-5
@@ -36,7 +36,7 @@ PREFILL_TOL = 1e-5
 # weights add ~4e-4 at every step. So: a bound on the worst step per type, and most steps
 # at rounding noise. A missing bias, norm, window, factor or re-rotation moves every step
 # after it by 1e-2 to 1.
-RING_TOL = {"q4_0": 3e-2, "q4_1": 3e-2, "q5_0": 3e-2, "q5_1": 3e-2}  # else 5e-3
+RING_TOL = {"q4_0": 3e-2, "q4_1": 3e-2, "q5_0": 3e-2, "q5_1": 3e-2, "iq4_nl": 3e-2, "iq4_cal": 3e-2}  # else 5e-3
 RING_MEDIAN_TOL = 1e-3
 
 
@@ -69,7 +69,9 @@ def test_ring_wraps_with_every_cache_type(tiny_model, family, cache_type):
     keep, n_ctx = 2, 20
     s = model.session(n_ctx=n_ctx, n_batch=1, cache_type_k=cache_type, cache_type_v=cache_type,
                       context_shift="shift", n_keep=keep)
-    ref = ReferenceSession(ReferenceModel(path, cache_type, cache_type, n_ctx=n_ctx))
+    m = s.cache.key_map  # iq4_cal's calibrated map: a parameter of its format, as the rotation is
+    ref = ReferenceSession(ReferenceModel(path, cache_type, cache_type, n_ctx=n_ctx,
+                                          key_map=None if m is None else (m.mean, m.scale)))
     errs, shifts = [], 0
     for t in np.random.default_rng(3).integers(0, model.hp.n_vocab, 50):
         before = s.n_tokens

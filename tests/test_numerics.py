@@ -16,7 +16,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from edgekv import NumericalError, load
-from edgekv.cache import CACHE_TYPES, KVCache
+from edgekv.cache import CACHE_TYPES, KeyMap, KVCache
 from edgekv.quants import KV_CACHE_TYPES, QUANT_TYPES, count_non_finite
 
 
@@ -72,7 +72,7 @@ def test_non_finite_values_and_scales_are_counted_like_gguf_dequantizes_them(nam
 @pytest.mark.parametrize("cache_type", CACHE_TYPES)
 def test_values_beyond_a_cache_type_are_stored_saturated(cache_type):
     limit = KV_CACHE_TYPES[cache_type].limit
-    cache = KVCache(1, 1, 32, 32, 4, cache_type, cache_type)
+    cache = KVCache(1, 1, 32, 32, 4, cache_type, cache_type, key_map=KeyMap.identity(1, 1, 32))
     k = np.linspace(-1, 1, 32, dtype=np.float32) * np.float32(3e38)
     k[3], k[30] = -np.inf, np.inf
     res = cache.reserve(1)
@@ -82,7 +82,10 @@ def test_values_beyond_a_cache_type_are_stored_saturated(cache_type):
         assert np.isinf(stored[[3, 30]]).all() and np.isfinite(np.delete(stored, [3, 30])).all()
         return
     assert np.isfinite(stored).all()
-    assert np.abs(stored).max() <= limit * 1.001  # q4_1: the f16 step rounds d * 15 + m a little up
+    # q4_1: the f16 step rounds d * 15 + m a little up; IQ4_NL's levels run from -127 to 113, and
+    # a block of +-max values gets its least-squares scale up to max / 113: 127/113 of max stored
+    overshoot = 127 / 113 if KV_CACHE_TYPES[cache_type].quant.ggml_type == 20 else 1.0
+    assert np.abs(stored).max() <= limit * 1.001 * overshoot
     assert (np.sign(stored[[0, 3]]) == -1).all() and (np.sign(stored[[30, 31]]) == 1).all()
     # within the range a saturated cache stores what an unsaturated one would
     small = np.linspace(-1, 1, 32, dtype=np.float32)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..cache import rotate
+from ..cache import keep_sinks, map_keys, map_queries, rotate
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
@@ -26,6 +26,9 @@ from ..kernels.ops import (add_bias, add_inplace, gelu_mul, rms_norm, rms_norm_h
 from ..kernels.quantize import store_rows
 from . import kernel_map
 from .base import Backend, LayerView
+
+
+_NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the cache keeps none
 
 
 class CPUBackend(Backend):
@@ -115,16 +118,25 @@ class CPUBackend(Backend):
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         n = q.shape[0]
+        if layer.key_scale is not None:  # a calibrated K type (cache.KeyMap)
+            map_keys(k, layer.key_mean, layer.key_scale)
+            map_queries(q, layer.key_scale)
         rotate(q, layer.rot_k)  # quantized caches store rotated K and V (cache.py)
         rotate(k, layer.rot_k)
         rotate(v, layer.rot_v)
         self.store_kv(layer.k, layer.type_k, slots, k, layer.limit_k)
         self.store_kv(layer.v, layer.type_v, slots, v, layer.limit_v)
+        sinks = _NO_SINKS if layer.sink_k is None else layer.sink_k
+        if layer.sink_k is not None:
+            keep_sinks(layer.sink_k, positions, k)
         f16 = layer.type_k == layer.type_v == T.F16  # the path that follows llama.cpp's f16 arithmetic
         if kernel_map.batched(n):
             visible = slice(0, layer.n_slots)
             kf = self.load_kv(layer.k, layer.type_k, q.shape[2], visible)
             vf = self.load_kv(layer.v, layer.type_v, out.shape[2], visible)
+            pos = layer.slot_pos[: layer.n_slots]
+            at = np.flatnonzero((pos >= 0) & (pos < sinks.shape[1]))
+            kf[:, at] = sinks[:, pos[at]]
             attention_chunk_blas(q, positions, kf, vf, layer.slot_pos, layer.n_slots, layer.window, scale, out, f16)
         else:
             scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
@@ -133,7 +145,7 @@ class CPUBackend(Backend):
                               layer.n_slots, layer.window, np.float32(scale), scores, pv, out)
             else:
                 attention_rows(q, positions, layer.k, layer.v, layer.type_k, layer.type_v, layer.slot_pos,
-                               layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out)
+                               layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out, sinks)
         rotate(out, layer.rot_v)
 
     def describe(self) -> dict[str, str]:

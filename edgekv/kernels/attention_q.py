@@ -1,9 +1,10 @@
 """Attention over a KV cache of any storage type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
-q5_1, chosen separately for K and V).
+q5_1, iq4_nl, chosen separately for K and V).
 
 Each visible slot's K row and V row are read as the kernel reaches them, so no
-dequantized copy of the cache exists: Q8_0 and Q4_0 rows block by block in place (the
-block scale applied once per block), other types dequantized into a head_dim-sized
+dequantized copy of the cache exists: Q8_0, Q4_0 and IQ4_NL rows block by block in place
+(the block scale applied once per block; IQ4_NL's levels by a 16-byte table lookup,
+pshufb on x86, tbl on Arm), other types dequantized into a head_dim-sized
 scratch row. The arithmetic is float32 with ggml's softmax (same masks and exp as attention.py); unlike
 the f16/f16 kernels in attention.py it makes no attempt to reproduce llama.cpp's
 roundings bit for bit (llama.cpp itself quantizes Q and the softmax weights to the cache
@@ -22,19 +23,36 @@ from gguf import GGMLQuantizationType as T
 
 from .attention import softmax_numerators, visible
 from .config import JIT_FLAGS, PARALLEL_FLAGS
+from .cpu_features import IS_AARCH64, host_has
 from .dequant import dequant_row
 from .irvec import FLOAT, V16F, V16I, arrays, fma16, lanes, splat
+from .quantize import IQ4_NL_LEVELS
+
+V16B = ir.VectorType(ir.IntType(8), 16)
+# a 16-byte table lookup, one instruction: IQ4_NL's codes become their levels in place
+_LOOKUP = ("llvm.aarch64.neon.tbl1.v16i8" if IS_AARCH64
+           else "llvm.x86.ssse3.pshuf.b.128" if host_has("ssse3") else None)
+
+
+def _levels(builder, nibbles):
+    # <16 x i8> codes 0..15 -> their IQ4_NL levels as <16 x float>
+    fn = builder.module.declare_intrinsic(_LOOKUP, fnty=ir.FunctionType(V16B, [V16B, V16B]))
+    table = ir.Constant(V16B, [int(v) for v in IQ4_NL_LEVELS])
+    return builder.sitofp(builder.call(fn, [table, nibbles]), V16F)
 
 
 def _block_codes(builder, src, offset, ggml_type):
-    """The 32 codes of a Q8_0 / Q4_0 block at byte offset (after its f16 scale) as two
-    float vectors (values 0-15, 16-31), Q4_0's -8 applied."""
+    """The 32 codes of a Q8_0 / Q4_0 / IQ4_NL block at byte offset (after its f16 scale) as
+    two float vectors (values 0-15, 16-31): Q4_0's -8 applied, IQ4_NL's levels looked up."""
     i8 = ir.IntType(8)
     if ggml_type == T.Q8_0:
         raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 32).as_pointer()), align=1)
         wide = builder.sitofp(raw, ir.VectorType(FLOAT, 32))
         return lanes(builder, wide, 0, 16), lanes(builder, wide, 16, 16)
     raw = builder.load(builder.bitcast(builder.gep(src, [offset]), ir.VectorType(i8, 16).as_pointer()), align=1)
+    if ggml_type == T.IQ4_NL:
+        low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
+        return _levels(builder, low), _levels(builder, builder.lshr(raw, ir.Constant(V16B, [4] * 16)))
     wide = builder.zext(raw, V16I)
     eight = ir.Constant(V16I, [8] * 16)
     lo = builder.sub(builder.and_(wide, ir.Constant(V16I, [15] * 16)), eight)
@@ -103,6 +121,8 @@ def _row_intrinsic(ggml_type, block_bytes):
 
 _dot_q8_0, _add_q8_0 = _row_intrinsic(T.Q8_0, 34)  # block bytes: f16 scale + 32 codes
 _dot_q4_0, _add_q4_0 = _row_intrinsic(T.Q4_0, 18)  # f16 scale + 16 bytes of nibbles
+IQ4_NL_IN_PLACE = _LOOKUP is not None  # else IQ4_NL rows go through the scratch row
+_dot_iq4_nl, _add_iq4_nl = _row_intrinsic(T.IQ4_NL, 18)  # Q4_0's layout, levels for codes
 
 
 @nb.njit(**dict(JIT_FLAGS, inline="always"))  # inlined: per-slot calls cost more than the work
@@ -113,6 +133,8 @@ def dot_row(src, ggml_type, x, scratch):
         return _dot_q8_0(x, src)
     if ggml_type == T.Q4_0:
         return _dot_q4_0(x, src)
+    if IQ4_NL_IN_PLACE and ggml_type == T.IQ4_NL:
+        return _dot_iq4_nl(x, src)
     dequant_row(src, ggml_type, scratch)
     total = np.float32(0.0)
     for i in range(x.shape[0]):
@@ -127,18 +149,30 @@ def add_row(src, ggml_type, w, acc, scratch):
         _add_q8_0(acc, np.float32(w), src)
     elif ggml_type == T.Q4_0:
         _add_q4_0(acc, np.float32(w), src)
+    elif IQ4_NL_IN_PLACE and ggml_type == T.IQ4_NL:
+        _add_iq4_nl(acc, np.float32(w), src)
     else:
         dequant_row(src, ggml_type, scratch)
         for i in range(acc.shape[0]):
             acc[i] += w * scratch[i]
 
 
+@nb.njit(**dict(JIT_FLAGS, inline="always"))
+def _dot_f32(x, y):
+    total = np.float32(0.0)
+    for i in range(x.shape[0]):
+        total += x[i] * y[i]
+    return total
+
+
 @nb.njit(**PARALLEL_FLAGS)
 def attention_rows(q, q_pos, k_cache, v_cache, type_k, type_v, slot_pos, n_slots, window, scale,
-                   scores, rows, out):
+                   scores, rows, out, sink_k):
     # q: f32[n, n_heads, hd_k]; k_cache: u8[n_kv, cap, row_bytes_k]; v_cache: u8[n_kv, cap, row_bytes_v]
     # type_k/type_v: ggml type ids; scores: f32[>= n * n_heads, >= n_slots]
     # rows: f32[threads, 2, max(hd_k, hd_v)] scratch; out: f32[n, n_heads, hd_v]
+    # sink_k: f32[n_kv, n_sinks, hd_k], the K of positions < n_sinks read instead of their rows
+    # (a calibrated K type's sinks, cache.SINKS; n_sinks = 0 for the others)
     n, n_heads, hd_k = q.shape
     hd_v = out.shape[2]
     group = n_heads // k_cache.shape[0]
@@ -152,7 +186,10 @@ def attention_rows(q, q_pos, k_cache, v_cache, type_k, type_v, slot_pos, n_slots
             if not visible(slot_pos[s], qp, window):
                 row[s] = -np.inf
                 continue
-            row[s] = dot_row(k_cache[kvh, s], type_k, q[t, h], k_row) * scale
+            if slot_pos[s] < sink_k.shape[1]:
+                row[s] = _dot_f32(q[t, h], sink_k[kvh, slot_pos[s]]) * scale
+            else:
+                row[s] = dot_row(k_cache[kvh, s], type_k, q[t, h], k_row) * scale
             m = max(m, row[s])
         denom = softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)

@@ -84,6 +84,21 @@ def dequant_row_q4_0(src, dst):
             dst[32 * b + j + 16] = d * F32(I32(q >> 4) - 8)
 
 
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+@nb.njit(**EXACT_FLAGS)
+def dequant_row_iq4_nl(src, dst):
+    # src: u8[n/32 * 18] blocks {f16 d; u8 qs[16]}; x = d * levels[q] (IQ4_NL's 16 levels)
+    for b in range(dst.size // 32):
+        o = 18 * b
+        d = half_at(src, o)
+        for j in range(16):
+            q = src[o + 2 + j]
+            dst[32 * b + j] = d * IQ4_NL_LEVELS[q & 15]
+            dst[32 * b + j + 16] = d * IQ4_NL_LEVELS[q >> 4]
+
+
 @nb.njit(**EXACT_FLAGS)
 def dequant_row_q4_1(src, dst):
     # src: u8[n/32 * 20] blocks {f16 d; f16 m; u8 qs[16]}; x = d * q + m
@@ -217,6 +232,8 @@ def dequant_row(src, ggml_type, dst):
         dequant_row_q6_k(src, dst)
     elif ggml_type == T.BF16:
         dequant_row_bf16(src, dst)
+    elif ggml_type == T.IQ4_NL:
+        dequant_row_iq4_nl(src, dst)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))

@@ -1,7 +1,7 @@
 """Quantizers for the KV-cache types: one row of float32 -> ggml blocks, bit-exact with ggml.
 
 What lives here: `quantize_row_<type>(x, dst)` for f32, f16, bf16, q8_0, q4_0, q4_1,
-q5_0 and q5_1. Each writes the blocks of one row (e.g. one head's head_dim values) into
+q5_0, q5_1 and iq4_nl. Each writes the blocks of one row (e.g. one head's head_dim values) into
 a preallocated uint8 buffer of quants.row_nbytes(type, n) bytes, allocates nothing, and
 is plain @njit so the KV-cache kernels can call it. The arithmetic is ggml's
 quantize_row_*_ref step by step in float32, compiled without fast-math, so the bytes
@@ -163,6 +163,54 @@ def quantize_row_q5_1(x, dst):
         put_q5(dst, o + 4, x, 32 * b, lo, inv, F32(0.5))
 
 
+IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+@nb.njit(**EXACT_FLAGS)
+def nearest_level(levels, x):
+    # ggml's best_index_int8: the index of the level nearest x (ties to the upper one)
+    if x <= levels[0]:
+        return 0
+    n = levels.size
+    if x >= levels[n - 1]:
+        return n - 1
+    lo, hi = 0, n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if x < levels[mid]:
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1 if x - levels[hi - 1] < levels[hi] - x else hi
+
+
+@nb.njit(**EXACT_FLAGS)
+def quantize_row_iq4_nl(x, dst):
+    # x: f32[n] -> dst: u8[n/32 * 18] blocks {f16 d; u8 qs[16]}, x = d * levels[q]; ggml's
+    # quantize_row_iq4_nl_ref (what llama.cpp's CPU cache stores): each value to the level
+    # nearest x / (max / -127), then d = the least-squares scale for those levels, weighted
+    # by x^2 (codes 0..15 laid out as q4_0's: value j low nibble, value j + 16 high)
+    codes = np.empty(32, np.uint8)
+    for b in range(x.size // 32):
+        o = 18 * b
+        mx = signed_absmax(x, 32 * b)
+        d = F32(0.0)
+        codes[:] = 0
+        if abs(mx) >= F32(1e-15):
+            inv = F32(1.0) / (mx / F32(-127.0))
+            sumqx, sumq2 = F32(0.0), F32(0.0)
+            for j in range(32):
+                v = x[32 * b + j]
+                codes[j] = nearest_level(IQ4_NL_LEVELS, inv * v)
+                q, w = F32(IQ4_NL_LEVELS[codes[j]]), v * v
+                sumqx += w * q * v
+                sumq2 += w * q * q
+            d = sumqx / sumq2 if sumq2 > 0 else F32(0.0)
+        put_u16(dst, o, f32_to_f16(d))
+        for j in range(16):
+            dst[o + 2 + j] = np.uint8(codes[j] | (codes[j + 16] << 4))
+
+
 @nb.njit(**EXACT_FLAGS)
 def quantize_row(x, ggml_type, dst):
     # one row into any KV-cache type (ggml type ids); unknown ids are rejected by quants.py
@@ -182,6 +230,8 @@ def quantize_row(x, ggml_type, dst):
         quantize_row_q5_0(x, dst)
     elif ggml_type == T.Q5_1:
         quantize_row_q5_1(x, dst)
+    elif ggml_type == T.IQ4_NL:
+        quantize_row_iq4_nl(x, dst)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))

@@ -237,8 +237,10 @@ class Decoder:
         (the cache's Reservation) reserved and attend over everything visible; scores are
         (q . k) * scale; out: f32[n, n_heads * head_dim_v]."""
         hp, n = self.hp, q.shape[0]
-        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions,
-                            q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim),
+        q, k = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
+        if cache.observer is not None:  # a calibration pass (kv_calibration.py)
+            cache.observer(layer, res.positions, q, k)
+        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions, q, k,
                             v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v),
                             scale, s)
 
