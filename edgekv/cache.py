@@ -335,7 +335,6 @@ class KVCache:
         ring keeps its size is copied slot for slot (ring pointer included); a layer whose
         ring is larger receives its live slots in position order at the front, so a
         windowed ring's next write still overwrites its oldest slot."""
-        self.key_map = other.key_map
         self.sink_k = None if other.sink_k is None else other.sink_k.copy()
         for layer, pos in enumerate(other.pos):
             if self.caps[layer] == other.caps[layer]:
@@ -352,7 +351,29 @@ class KVCache:
             self.pos[layer][:m] = pos[order]
             self.used[layer], self.cur[layer] = m, m % self.caps[layer]
         self.n_tokens = other.n_tokens
+        if self.key_map is not None and not self.key_map.same(other.key_map):
+            self._recode_keys(other.key_map)
 
+    def _recode_keys(self, old: KeyMap) -> None:
+        """K rows and sink rows stored through the map `old` -> through this cache's map (a
+        calibrated K type's cache that grew into a larger context, whose map differs)."""
+        for layer, pos in enumerate(self.pos):
+            slots = np.flatnonzero(pos >= 0)
+            if slots.size:
+                k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)
+                k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
+                self._remap(layer, k, old)
+                self.write_k(layer, slots, k)
+            sinks = np.ascontiguousarray(self.sink_k[layer].transpose(1, 0, 2))  # [SINKS, n_kv, hd]
+            self._remap(layer, sinks, old)
+            self.sink_k[layer] = sinks.transpose(1, 0, 2)
+
+    def _remap(self, layer: int, k: np.ndarray, old: KeyMap) -> None:
+        # stored values through `old` -> stored values through this cache's map, in place
+        rotate(k, self.rot_k)
+        old.unkeys(layer, k)
+        self.key_map.keys(layer, k)
+        rotate(k, self.rot_k)
 
 def _limit(kind) -> float:
     """Values beyond the cache type's finite range are stored saturated, not as inf."""

@@ -16,9 +16,11 @@ of equal size in every channel: the channels the queries weigh most get the fine
 The statistics come from one pass over a fixed text shipped with edgekv (data/calibration.txt,
 written for this: prose, a chat, code, figures, three other languages; not any text the
 quality is measured on) with an f32 cache; they depend only on the model, are kept in
-memory per model and on disk beside the kernel cache (keyed by the model's fingerprint and
-CALIBRATION_VERSION), and travel inside saved states, so a state always decodes with the
-map its rows were stored through.
+memory per model and context size and on disk beside the kernel cache (keyed by the model's
+fingerprint, the context size and CALIBRATION_VERSION), and travel inside saved states, so
+a state always decodes with the map its rows were stored through. The map depends on the
+context size because RoPE turns K's mean with the position (measure() says how); a cache
+that grows re-codes its K rows for the larger context's map (KVCache.copy_from).
 What does not live here: applying the map (cache.KeyMap, the backend's attend).
 """
 
@@ -34,12 +36,14 @@ import numpy as np
 
 from .cache import SINKS, KeyMap
 from .kernels.jit_cache import kernel_cache_dir
+from .quants import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
 
 CALIBRATION_TEXT = Path(__file__).with_name("data") / "calibration.txt"
-CALIBRATION_VERSION = 1  # bump when the text or the estimator changes: cached maps go stale
+CALIBRATION_VERSION = 2  # bump when the text or the estimator changes: cached maps go stale
 MAX_TOKENS = 1024
+OFFSETS = 16  # the calibration text counted at this many offsets over the trained context
 SCALE_RANGE = (1e-3, 1e3)  # a channel K never varies in (or Q never reads) must not blow up
 
 
@@ -77,21 +81,39 @@ class Moments:
         return KeyMap(mean.astype(np.float32), np.clip(scale, *SCALE_RANGE).astype(np.float32))
 
 
-def measure(network, tokens: list[int], n_batch: int = 512) -> KeyMap:
-    """The key map from one pass of `network` over token ids (an f32 cache)."""
+def measure(network, tokens: list[int], n_ctx: int, n_batch: int = 512, n_offsets: int = OFFSETS) -> KeyMap:
+    """The key map for a cache of n_ctx positions from one pass of `network` over token ids
+    (an f32 cache). When the text is shorter than n_ctx, its Q and K are also counted as if
+    they sat at n_offsets - 1 later offsets up to n_ctx - len(tokens) (RoPE turned further by
+    the model's shift_keys), so the statistics are those of every position the cache will
+    hold: a channel pair that RoPE turns slowly keeps its mean, one it turns fast over the
+    context has none (measured on SmolLM2: the map of positions 0-856 alone lost its whole
+    gain at positions 2048-4095; one spread over 0-8191 halved it at -c 512)."""
     from .session import Session  # the session module builds caches from this one's maps
 
     hp = network.hp
     session = Session(network, len(tokens), n_batch, "f32", "f32")
     moments = Moments(hp.n_layers, hp.n_kv_heads, hp.head_dim)
-    session.cache.observer = moments.observe
+    room = max(n_ctx - len(tokens), 0)
+    offsets = sorted({int(d) for d in np.linspace(0, room, n_offsets if room else 1)})
+
+    def observe(layer: int, positions: np.ndarray, q: np.ndarray, k: np.ndarray) -> None:
+        for delta in offsets:
+            qq, kk = q.copy(), k.copy()
+            if delta:
+                network.shift_keys(layer, qq, delta)
+                network.shift_keys(layer, kk, delta)
+            moments.observe(layer, positions, qq, kk)
+
+    session.cache.observer = observe
     session.eval(tokens)
     return moments.key_map()
 
 
-def _cache_path(fingerprint: str) -> Path:
+def _cache_path(fingerprint: str, n_ctx: int) -> Path:
     text = hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest()[:16]
-    return kernel_cache_dir().parent / "calibration" / f"{fingerprint[:32]}-{text}-v{CALIBRATION_VERSION}.npz"
+    name = f"{fingerprint[:32]}-{text}-c{n_ctx}-v{CALIBRATION_VERSION}.npz"
+    return kernel_cache_dir().parent / "calibration" / name
 
 
 def _read(path: Path, hp) -> KeyMap | None:
@@ -115,21 +137,30 @@ def _write(path: Path, m: KeyMap) -> None:
         log.warning("could not keep the iq4_cal key map in %s (%s): it is measured again next time", path, exc)
 
 
-def key_map(model) -> KeyMap:
-    """The key map of a loaded model (loader.Model): from memory, the disk cache, or one
-    measuring pass over the calibration text (~1 s for a 135M model on 2 cores)."""
-    cached = getattr(model, "_key_map", None)
-    if cached is not None:
-        return cached
+def key_map(model, n_ctx: int) -> KeyMap:
+    """The key map of a loaded model (loader.Model) for a cache of n_ctx positions: from
+    memory, the disk cache, or one measuring pass over the calibration text (1-8 s for a
+    135M model on 2 cores, the longer for a long context)."""
+    maps = model.__dict__.setdefault("_key_maps", {})
+    if n_ctx in maps:
+        return maps[n_ctx]
     from .state_file import model_fingerprint
 
-    path = _cache_path(model_fingerprint(model))
+    path = _cache_path(model_fingerprint(model), n_ctx)
     found = _read(path, model.hp)
     if found is None:
         t0 = time.perf_counter()
         tokens = model.tokenizer.encode(CALIBRATION_TEXT.read_bytes())[:MAX_TOKENS]
-        found = measure(model.network, tokens)
-        log.info("iq4_cal: measured the key map on %d tokens in %.2f s", len(tokens), time.perf_counter() - t0)
+        found = measure(model.network, tokens, n_ctx)
+        log.info("iq4_cal: measured the key map for %d positions on %d tokens in %.2f s", n_ctx, len(tokens),
+                 time.perf_counter() - t0)
         _write(path, found)
-    model._key_map = found
+    maps[n_ctx] = found
     return found
+
+
+def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:
+    """key_map(model, n_ctx) when cache_type_k is a calibrated type, else None (an unknown
+    name too: the cache refuses it with the list of types)."""
+    kind = KV_CACHE_TYPES.get(str(cache_type_k).lower())
+    return key_map(model, n_ctx) if kind is not None and kind.calibrated else None

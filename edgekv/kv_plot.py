@@ -14,6 +14,17 @@ from typing import Sequence
 from .errors import EdgeKVError
 
 
+def _label_sides(rows: Sequence[tuple[str, float, float, bool]]) -> list[int]:
+    """+1 (label right of its point) or -1 (left): points of the same size alternate from the
+    highest down, so two pairs at equal bits and close KLD do not write over each other."""
+    sides = [1] * len(rows)
+    for bits in {r[1] for r in rows}:
+        same = sorted((i for i, r in enumerate(rows) if r[1] == bits), key=lambda i: -rows[i][2])
+        for n, i in enumerate(same):
+            sides[i] = 1 if n % 2 == 0 else -1
+    return sides
+
+
 def save_plot(path: str, title: str, rows: Sequence[tuple[str, float, float, bool]]) -> None:
     """rows: (label, bits per value, mean KLD, on the Pareto front)."""
     try:
@@ -29,12 +40,12 @@ def save_plot(path: str, title: str, rows: Sequence[tuple[str, float, float, boo
     front = sorted((bits, max(kld, floor)) for _, bits, kld, on in rows if on)
     if len(front) > 1:
         ax.plot(*zip(*front), color="tab:blue", linewidth=1.5, zorder=1, label="Pareto front")
-    for label, bits, kld, on in rows:
+    for (label, bits, kld, on), side in zip(rows, _label_sides(rows)):
         y = max(kld, floor)
         ax.scatter([bits], [y], s=60, zorder=2, color="tab:blue" if on else "white", edgecolors="tab:blue",
                    linewidths=1.5)
         ax.annotate(label + (" (base, KLD 0)" if kld <= 0 else ""), (bits, y), textcoords="offset points",
-                    xytext=(6, 6), fontsize=9)
+                    xytext=(7 * side, 5), ha="left" if side > 0 else "right", fontsize=9)
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor)  # the base sits on the bottom edge
     ax.set_xlabel("bits per value (K and V averaged, scales included)")
@@ -42,7 +53,7 @@ def save_plot(path: str, title: str, rows: Sequence[tuple[str, float, float, boo
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     xs = [bits for _, bits, _, _ in rows]
-    ax.set_xlim(min(xs) - 1, max(xs) + 2.5)
+    ax.set_xlim(min(xs) - 2, max(xs) + 2.5)
     if len(front) > 1:
         ax.legend(loc="upper right", fontsize=9)
     fig.tight_layout()

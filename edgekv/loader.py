@@ -15,9 +15,8 @@ from .backends import Backend, get_backend
 from .catalog import resolve_model
 from .gguf import GGUFFile
 from .kernels.jit_cache import kernels_cached
-from .kv_calibration import key_map
+from .kv_calibration import key_map_for
 from .models import build_model
-from .quants import KV_CACHE_TYPES
 from .session import Session
 from .system_info import system_info_line
 from .text.chat_format import ChatFormatter
@@ -58,9 +57,8 @@ class Model:
         """A fresh conversation state; n_ctx defaults to the model's trained context, capped at 4096.
         context_shift: what a full context does ("none": ContextFullError, "shift", "stream")."""
         n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
-        calibrated = getattr(KV_CACHE_TYPES.get(str(cache_type_k).lower()), "calibrated", False)
         return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v, context_shift, n_keep, n_discard,
-                       layer_windows, key_map(self) if calibrated else None)
+                       layer_windows, key_map_for(self, cache_type_k, n_ctx))
 
 
 def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:

@@ -262,18 +262,20 @@ class Session:
             if state.logits is not None:
                 self._last_logits[0] = state.logits
 
-    def grown(self, new_n_ctx: int, n_batch: int | None = None) -> "Session":
+    def grown(self, new_n_ctx: int, n_batch: int | None = None, key_map: KeyMap | None = None) -> "Session":
         """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:
         tokens, K/V rows, positions, logits and counters are copied once (the `n_ctx="auto"`
-        growth of DESIGN.md section 3; KVCache.copy_from). This session is left as it was."""
+        growth of DESIGN.md section 3; KVCache.copy_from). A calibrated K type takes key_map,
+        the map for the new size (its rows are re-coded), else keeps its own. This session is
+        left as it was."""
         if new_n_ctx < self.n_ctx:
             raise EdgeKVError(f"cannot grow a context of {self.n_ctx} tokens to {new_n_ctx}")
         c = self.cache
         new = Session(self.model, new_n_ctx, n_batch or self.n_batch, c.type_k, c.type_v, self.context_shift,
-                      self.n_keep, self.n_discard, None, c.key_map)
+                      self.n_keep, self.n_discard, None, key_map or c.key_map)
         if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
             new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
-                                c.windows, new.n_batch, new._kept(), c.backend, c.key_map)
+                                c.windows, new.n_batch, new._kept(), c.backend, key_map or c.key_map)
         new.cache.copy_from(c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits

@@ -118,3 +118,33 @@ def test_nan_logits_raise_and_leave_the_session_unchanged(tiny_model):
     np.testing.assert_array_equal(s.logits, before)  # the failed call's logits were not kept
     s.eval([4])
     assert np.isfinite(s.logits).all() and not np.array_equal(s.logits, before)
+
+
+def test_iq4_nl_rows_are_read_in_place_as_they_dequantize():
+    # attention reads IQ4_NL rows through a 16-byte table lookup (pshufb on x86, tbl on Arm;
+    # tests/aarch64 runs this too): its scores and sums must be those of gguf's dequantization
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    from edgekv.kernels.attention_q import IQ4_NL_IN_PLACE, attention_rows
+    from edgekv.kernels.config import max_threads
+    from edgekv.quants import quantize
+
+    assert IQ4_NL_IN_PLACE
+    rng = np.random.default_rng(3)
+    cap, hd, n_heads = 20, 64, 2
+    k, v = (rng.standard_normal((cap, hd)).astype(np.float32) * 3 for _ in range(2))
+    kq, vq = (quantize(x, T.IQ4_NL).reshape(1, cap, -1) for x in (k, v))
+    q = rng.standard_normal((2, n_heads, hd)).astype(np.float32)
+    q_pos = np.array([cap - 2, cap - 1], np.int32)
+    out = np.zeros((2, n_heads, hd), np.float32)
+    attention_rows(q, q_pos, kq, vq, int(T.IQ4_NL), int(T.IQ4_NL), np.arange(cap, dtype=np.int32), cap, 0,
+                   np.float32(0.125), np.zeros((2 * n_heads, cap), np.float32),
+                   np.zeros((max_threads(), 2, hd), np.float32), out, np.zeros((1, 0, 1), np.float32))
+    kd, vd = (dequantize(x.reshape(cap, -1), T.IQ4_NL).astype(np.float64) for x in (kq, vq))
+    for t in range(2):
+        for h in range(n_heads):
+            s = kd[: q_pos[t] + 1] @ q[t, h] * 0.125
+            p = np.exp(s - s.max())
+            want = p @ vd[: q_pos[t] + 1] / p.sum()
+            np.testing.assert_allclose(out[t, h], want, rtol=0, atol=1e-5 * np.abs(want).max())

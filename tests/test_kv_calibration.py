@@ -20,8 +20,9 @@ from numpy_reference import ReferenceModel, _ggml_gelu
 DIMS = dict(dim=128, n_heads=4, n_kv_heads=2, head_dim=64, ff=256)  # head 64: rotated, two GQA groups
 
 
-def _reference_map(path, tokens) -> tuple[np.ndarray, np.ndarray]:
-    """mean and scale from the float64 reference's roped Q and K (positions >= SINKS)."""
+def _reference_map(path, tokens, offsets=(0,)) -> tuple[np.ndarray, np.ndarray]:
+    """mean and scale from the float64 reference's roped Q and K (positions >= SINKS), each
+    also counted at the positions + offsets (RoPE turned further)."""
     ref = ReferenceModel(path)
     hp = ref.hp
     pos = np.arange(len(tokens), dtype=np.float64)
@@ -30,6 +31,9 @@ def _reference_map(path, tokens) -> tuple[np.ndarray, np.ndarray]:
     for i in range(hp.n_layers):
         q, k, v = ref.qkv(i, x, pos)
         qs, ks = q[SINKS:], k[SINKS:]
+        shifted = [(ref._rope(qs, np.full(len(qs), float(d)), ref.theta(i)),
+                    ref._rope(ks, np.full(len(ks), float(d)), ref.theta(i))) for d in offsets]
+        qs, ks = np.concatenate([a for a, _ in shifted]), np.concatenate([b for _, b in shifted])
         mean = ks.mean(0)
         var_k = ks.var(0)
         ms_q = (qs.reshape(len(qs), hp.n_kv_heads, -1, hp.head_dim) ** 2).mean((0, 2))
@@ -40,13 +44,15 @@ def _reference_map(path, tokens) -> tuple[np.ndarray, np.ndarray]:
     return np.array(means), np.array(scales)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_key_map_matches_a_float64_estimate(tiny_model, arch):
+@pytest.mark.parametrize("arch, n_ctx", [("llama", 48), ("gemma3", 48), ("llama", 48 + 300)])
+def test_key_map_matches_a_float64_estimate(tiny_model, arch, n_ctx):
+    # n_ctx beyond the text: its Q and K also counted at offsets up to n_ctx - 48
     path = tiny_model(arch, weight_type="F32", **DIMS)
     model = load(path)
     tokens = list(np.random.default_rng(1).integers(0, model.hp.n_vocab, 48))
-    ours = kc.measure(model.network, tokens)
-    mean, scale = _reference_map(path, tokens)
+    ours = kc.measure(model.network, tokens, n_ctx)
+    offsets = sorted({int(d) for d in np.linspace(0, n_ctx - 48, kc.OFFSETS)}) if n_ctx > 48 else [0]
+    mean, scale = _reference_map(path, tokens, offsets)
     np.testing.assert_allclose(ours.mean, mean, rtol=0, atol=1e-4 * np.abs(mean).max())
     np.testing.assert_allclose(ours.scale, scale, rtol=1e-3)
     assert np.ptp(np.log(ours.scale)) > 0.1  # a map that does something: channels differ
@@ -96,15 +102,15 @@ class _Scratch:
 def test_the_map_is_kept_on_disk_and_a_damaged_file_is_measured_again(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path / "kernels"))
     path = tiny_model("llama", weight_type="F32", **DIMS)
-    first = kc.key_map(load(path))
+    first = kc.key_map(load(path), 64)
     files = list((tmp_path / "calibration").glob("*.npz"))
     assert len(files) == 1
     monkeypatch.setattr(kc, "measure", lambda *a, **k: pytest.fail("measured again despite the disk cache"))
-    assert first.same(kc.key_map(load(path)))
+    assert first.same(kc.key_map(load(path), 64))
     files[0].write_bytes(b"not an npz")
     monkeypatch.undo()
     monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path / "kernels"))
-    assert first.same(kc.key_map(load(path)))  # measured again, the same deterministic map
+    assert first.same(kc.key_map(load(path), 64))  # measured again, the same deterministic map
 
 
 def test_a_state_keeps_the_map_its_rows_were_stored_through(tiny_model, tmp_path):
@@ -124,6 +130,35 @@ def test_a_state_keeps_the_map_its_rows_were_stored_through(tiny_model, tmp_path
     assert other.cache.key_map.same(s.cache.key_map)
     np.testing.assert_array_equal(other.cache.sink_k, s.cache.sink_k)
     np.testing.assert_allclose(other.eval([7, 9], all_logits=True), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_growing_cache_recodes_its_keys_for_the_larger_contexts_map(tiny_model):
+    model = load(tiny_model("llama", weight_type="F32", **DIMS))
+    small = model.session(n_ctx=32, n_batch=8, cache_type_k="iq4_cal", cache_type_v="iq4_cal")
+    small.eval(list(range(3, 23)))
+    big_map = kc.key_map(model, 3000)  # beyond the calibration text: a map with offsets
+    assert not big_map.same(small.cache.key_map)
+    big = small.grown(3000, key_map=big_map)
+    assert big.cache.key_map is big_map
+
+    def keys(cache):  # every live K row as K (un-rotated, un-mapped), sink rows from sink_k
+        slots = np.flatnonzero(cache.pos[0] >= 0)
+        k = cache.backend.load_kv(cache.k[0], cache.kind_k.quant.ggml_type, cache.head_dim_k, slots)
+        k = np.ascontiguousarray(k.transpose(1, 0, 2))
+        k[cache.pos[0][slots] < SINKS] = cache.sink_k[0].transpose(1, 0, 2)
+        k = k @ hadamard(64)
+        cache.key_map.unkeys(0, k)
+        return k[np.argsort(cache.pos[0][slots])]
+
+    before, after = keys(small.cache), keys(big.cache)
+    np.testing.assert_allclose(after[:SINKS], before[:SINKS], rtol=1e-5, atol=1e-5)  # kept in f32
+    err = np.abs(after - before).max() / np.abs(before).max()
+    assert 0 < err < 0.15  # recoded: one more 4-bit rounding, not another map's garbage
+    ref = model.session(n_ctx=3000, cache_type_k="f32", cache_type_v="f32")
+    ref.eval(list(range(3, 23)) + [5])
+    big.eval([5])
+    got, ref = big.logits, ref.logits
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 0.1
 
 
 def test_storage_is_four_and_a_half_bits_a_value():

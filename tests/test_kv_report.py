@@ -40,6 +40,14 @@ def test_the_pareto_front_keeps_the_pairs_nothing_beats():
     assert pareto_front({a: (10, 0.1), b: (10, 0.1)}) == {a, b}  # ties beat nobody
 
 
+def test_labels_of_pairs_at_equal_bits_alternate_sides():
+    from edgekv.kv_plot import _label_sides
+
+    rows = [("f16", 16.0, 0.0, True), ("q4_0", 4.5, 0.076, False), ("iq4_nl", 4.5, 0.068, False),
+            ("iq4_cal", 4.5, 0.026, True), ("q8_0/q4_0", 6.5, 0.011, False)]
+    assert _label_sides(rows) == [1, 1, -1, 1, 1]  # at 4.5 bits: right, left, right from the top down
+
+
 def test_kl_divergence_is_float64_kl():
     rng = np.random.default_rng(0)
     base, new = rng.normal(0, 3, (5, 1000)).astype(np.float32), rng.normal(0, 3, (5, 1000)).astype(np.float32)

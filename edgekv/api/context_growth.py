@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import context as ctxplan
 from ..errors import EdgeKVError
+from ..kv_calibration import key_map_for
 from ..session import Session, SessionState
 from ..state_file import load_session, state_file_n_ctx
 
@@ -109,7 +110,8 @@ class ContextManager:
         if target <= cur:
             return
         if self.session.n_tokens:
-            self.session = self.session.grown(target, self.n_batch)
+            self.session = self.session.grown(target, self.n_batch,
+                                              key_map_for(self.model, self.kv["cache_type_k"], target))
             self.plan = dataclasses.replace(self._plan(0, 0, target), reason="growth",
                                             detail=f"{needed} tokens needed, grown from {cur}")
         else:

@@ -65,3 +65,11 @@ def test_smollm2_json_and_tool_answers_are_valid_and_the_x86_machines():
     assert x86, ("set EDGEKV_X86_STRUCTURED to a file holding `python -m tests.aarch64.structured`'s output on "
                  "x86 (test_aarch64.sh does)")
     assert found == json.loads(Path(x86).read_text())
+
+
+def test_iq4_nl_cache_rows_are_read_through_tbl():
+    from edgekv.kernels import attention_q
+    from test_cache_types import test_iq4_nl_rows_are_read_in_place_as_they_dequantize
+
+    assert attention_q._LOOKUP == "llvm.aarch64.neon.tbl1.v16i8"
+    test_iq4_nl_rows_are_read_in_place_as_they_dequantize()
