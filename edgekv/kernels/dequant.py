@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .fp16 import bf16_to_f32, f16_to_f32
+from .quantize import IQ4_NL_LEVELS as IQ4_NL_CODES
 
 F32 = np.float32
 I32 = np.int32
@@ -73,30 +74,32 @@ def dequant_row_q8_0(src, dst):
 
 
 @nb.njit(**EXACT_FLAGS)
-def dequant_row_q4_0(src, dst):
-    # src: u8[n/32 * 18] blocks {f16 d; u8 qs[16]}; x = d * (q - 8)
+def dequant_nibble_row(src, dst, levels):
+    # src: u8[n/32 * 18] blocks {f16 d; u8 qs[16]}; x = d * levels[code], code j in the low
+    # nibble of byte j, code j + 16 in its high nibble (Q4_0's and IQ4_NL's layout)
     for b in range(dst.size // 32):
         o = 18 * b
         d = half_at(src, o)
         for j in range(16):
             q = src[o + 2 + j]
-            dst[32 * b + j] = d * F32(I32(q & 15) - 8)
-            dst[32 * b + j + 16] = d * F32(I32(q >> 4) - 8)
+            dst[32 * b + j] = d * levels[q & 15]
+            dst[32 * b + j + 16] = d * levels[q >> 4]
 
 
-IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+Q4_0_LEVELS = np.arange(-8, 8, dtype=np.float32)  # q - 8, exact in float32
+IQ4_NL_LEVELS = IQ4_NL_CODES.astype(np.float32)
+
+
+@nb.njit(**EXACT_FLAGS)
+def dequant_row_q4_0(src, dst):
+    # x = d * (q - 8)
+    dequant_nibble_row(src, dst, Q4_0_LEVELS)
 
 
 @nb.njit(**EXACT_FLAGS)
 def dequant_row_iq4_nl(src, dst):
-    # src: u8[n/32 * 18] blocks {f16 d; u8 qs[16]}; x = d * levels[q] (IQ4_NL's 16 levels)
-    for b in range(dst.size // 32):
-        o = 18 * b
-        d = half_at(src, o)
-        for j in range(16):
-            q = src[o + 2 + j]
-            dst[32 * b + j] = d * IQ4_NL_LEVELS[q & 15]
-            dst[32 * b + j + 16] = d * IQ4_NL_LEVELS[q >> 4]
+    # x = d * levels[q] (IQ4_NL's 16 levels)
+    dequant_nibble_row(src, dst, IQ4_NL_LEVELS)
 
 
 @nb.njit(**EXACT_FLAGS)
