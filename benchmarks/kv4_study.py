@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgekv.cache import hadamard  # noqa: E402
+from edgekv.row_transforms import hadamard  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.kv_report import kl_divergence, log_softmax  # noqa: E402
 from edgekv.loader import load  # noqa: E402

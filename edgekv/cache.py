@@ -33,6 +33,8 @@ import numpy as np
 
 from .backends import Backend, LayerView, get_backend
 from .errors import ContextFullError, EdgeKVError
+from .heavy_hitters import AttentionTallies
+from .row_transforms import KeyMap, keep_sinks, rotate, rotation_for
 from .quants import KV_CACHE_TYPES, kv_cache_type
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
@@ -45,81 +47,6 @@ SINKS = 1
 # (KVCacheType.limit: +-65504 for f16, the f16 block scale's reach for the quantized types;
 # llama.cpp would store inf and produce NaN scores); NaN stays NaN, and NaN or infinite
 # logits make the session raise NumericalError instead of sampling garbage (session.py).
-
-
-def hadamard(n: int) -> np.ndarray:
-    """The orthonormal n x n Walsh-Hadamard matrix (Sylvester order; symmetric, H @ H = I)."""
-    h = np.full((1, 1), 1.0 / np.sqrt(n), np.float32)
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
-def _rotation(quantized: bool, head_dim: int, largest: bool) -> np.ndarray | None:
-    """llama.cpp rotates K (and V) with a Walsh-Hadamard matrix before storing them in a
-    quantized cache: outliers spread over the block, so 4-bit blocks lose far less
-    (q4_0 perplexity of SmolLM2: 22.5 unrotated, 19.5 rotated). Scores are unchanged
-    (orthonormal Q and K rotation) and V's rotation is undone on the attention output.
-    K uses the largest power of two >= 64 dividing head_dim, V blocks of 64."""
-    if not quantized or head_dim % 64:
-        return None
-    n = 64
-    while largest and head_dim % (2 * n) == 0:
-        n *= 2
-    return hadamard(n)
-
-
-def rotate(x: np.ndarray, h: np.ndarray | None) -> None:
-    """Multiply every run of h.shape[0] values of x by h, in place (no-op when h is None)."""
-    if h is not None:
-        n = h.shape[0]
-        x[...] = (x.reshape(-1, n) @ h).reshape(x.shape)
-
-
-@dataclass(frozen=True)
-class KeyMap:
-    """What a calibrated K type stores instead of K: (k - mean) * scale per channel, the
-    query divided by the same scale, so q . k changes by q . mean, one constant per query
-    and KV head, which softmax ignores. mean, scale: f32[n_layers, n_kv_heads, head_dim]."""
-
-    mean: np.ndarray
-    scale: np.ndarray
-
-    @classmethod
-    def identity(cls, n_layers: int, n_kv_heads: int, head_dim: int) -> "KeyMap":
-        """The map that changes nothing (mean 0, scale 1)."""
-        shape = (n_layers, n_kv_heads, head_dim)
-        return cls(np.zeros(shape, np.float32), np.ones(shape, np.float32))
-
-    def keys(self, layer: int, k: np.ndarray) -> None:
-        map_keys(k, self.mean[layer], self.scale[layer])
-
-    def unkeys(self, layer: int, k: np.ndarray) -> None:
-        """The stored values (f32[m, n_kv_heads, head_dim]) -> K, in place."""
-        k /= self.scale[layer]
-        k += self.mean[layer]
-
-    def same(self, other: "KeyMap | None") -> bool:
-        return other is not None and np.array_equal(self.mean, other.mean) and np.array_equal(self.scale, other.scale)
-
-
-def map_keys(k: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
-    """k: f32[m, n_kv_heads, head_dim] -> (k - mean) * scale, in place (one layer's KeyMap)."""
-    k -= mean
-    k *= scale
-
-
-def map_queries(q: np.ndarray, scale: np.ndarray) -> None:
-    """q: f32[n, n_heads, head_dim] -> q / scale, in place; GQA: a KV head's scale
-    (scale: f32[n_kv_heads, head_dim]) serves its group of query heads."""
-    q.reshape(q.shape[0], scale.shape[0], -1, q.shape[2])[...] /= scale[None, :, None, :]
-
-
-def keep_sinks(sink_k: np.ndarray, positions: np.ndarray, k: np.ndarray) -> None:
-    """Copy the stored K rows (k: f32[m, n_kv, hd]) of positions below SINKS into sink_k:
-    f32[n_kv, SINKS, hd], one layer's sink rows by position."""
-    for t in np.flatnonzero(positions < sink_k.shape[1]):
-        sink_k[:, positions[t]] = k[t]
 
 
 def cache_type_for(option: str, name: str, head_dim: int):
@@ -148,7 +75,7 @@ class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int,
                  capacity: int, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
                  n_batch: int = 512, n_keep: int = 0, backend: Backend | str | None = None,
-                 key_map: KeyMap | None = None):
+                 key_map: KeyMap | None = None, track_attention: bool = False):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
         self.kind_k = cache_type_for("cache_type_k", type_k, head_dim_k)
@@ -175,8 +102,10 @@ class KVCache:
         self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
         self.n_tokens = 0
         quantized = {name: kind.quant.block_size > 1 for name, kind in (("k", self.kind_k), ("v", self.kind_v))}
-        self.rot_k = _rotation(quantized["k"], head_dim_k, largest=True)  # applied to Q and K
-        self.rot_v = _rotation(quantized["v"], head_dim_v, largest=False)  # to V, undone on the output
+        self.rot_k = rotation_for(quantized["k"], head_dim_k, largest=True)  # applied to Q and K
+        self.rot_v = rotation_for(quantized["v"], head_dim_v, largest=False)  # to V, undone on the output
+        # the attention each slot of the full-context layers has received (the `keep` policy's)
+        self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity) if track_attention else None
 
     def ring(self, layer: int) -> bool:
         """Whether the layer is a windowed ring smaller than the context."""
@@ -224,6 +153,8 @@ class KVCache:
             if not self.ring(layer):
                 if full_slots is None:
                     full_slots = np.flatnonzero(pos < 0)[:n]
+                    if self.tallies is not None:
+                        self.tallies.clear(full_slots)
                 slots = full_slots
             else:
                 order = (self.cur[layer] + np.arange(self.caps[layer])) % self.caps[layer]
@@ -242,7 +173,8 @@ class KVCache:
                          self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k, self.rot_v,
                          _limit(self.kind_k), _limit(self.kind_v),
                          None if m is None else m.mean[layer], None if m is None else m.scale[layer],
-                         None if m is None else self.sink_k[layer])
+                         None if m is None else self.sink_k[layer],
+                         self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None)
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
@@ -255,6 +187,9 @@ class KVCache:
     def commit(self, res: Reservation) -> None:
         """Make the reserved slots part of the cache once every layer has written them."""
         self.n_tokens += res.positions.size
+        full = self._full_layers()
+        if self.tallies is not None and full:
+            self.tallies.count(self.pos[full[0]], res.slots[full[0]])
 
     def rollback(self, res: Reservation) -> None:
         """Forget reserved slots after a failed or interrupted evaluation. A windowed ring
@@ -291,19 +226,44 @@ class KVCache:
         self.truncate(0)
 
     def discard(self, n_keep: int, n_discard: int, shift_keys) -> None:
-        """Drop positions [n_keep, n_keep + n_discard) from every layer and move later ones
-        down by n_discard, re-rotating their K by RoPE (llama.cpp's context shift).
-        shift_keys(layer, k: f32[m, n_kv, head_dim], delta) rotates keys in place."""
+        """Drop positions [n_keep, n_keep + n_discard) (llama.cpp's context shift); see `evict`."""
         assert 0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_tokens
-        for layer, pos in enumerate(self.pos):
-            pos[(pos >= n_keep) & (pos < n_keep + n_discard)] = -1
-            moved = np.flatnonzero(pos >= n_keep + n_discard)
-            pos[moved] -= n_discard
-            if moved.size:
-                self._shift_rows(layer, moved, -n_discard, shift_keys)
-        self.n_tokens -= n_discard
+        self.evict(np.arange(n_keep, n_keep + n_discard), shift_keys)
 
-    def _shift_rows(self, layer: int, slots: np.ndarray, delta: int, shift_keys) -> None:
+    def evict(self, positions: np.ndarray, shift_keys) -> None:
+        """Drop `positions` (sorted, distinct, < n_tokens) from every layer and renumber the
+        others so positions stay contiguous: each moves down by the number of dropped ones
+        below it, its K re-rotated by RoPE by that amount (positions live in K).
+        shift_keys(layer, k: f32[m, n_kv, head_dim], delta: i32[m]) rotates keys in place."""
+        drop = np.asarray(positions, np.int64)
+        assert drop.size and drop[0] >= 0 and drop[-1] < self.n_tokens and (np.diff(drop) > 0).all()
+        for layer, pos in enumerate(self.pos):
+            pos[np.isin(pos, drop)] = -1
+            moved = np.flatnonzero(pos > drop[0])
+            delta = -np.searchsorted(drop, pos[moved]).astype(np.int32)  # dropped positions below each
+            pos[moved] += delta
+            if moved.size:
+                self._shift_rows(layer, moved, delta, shift_keys)
+        self.n_tokens -= drop.size
+
+    def _full_layers(self) -> list[int]:
+        return [i for i, w in enumerate(self.windows) if w == 0]
+
+    def attention_by_position(self) -> tuple[np.ndarray, np.ndarray]:
+        """The `keep` tallies by position (AttentionTallies.by_position); zeros without them."""
+        full = self._full_layers()
+        if self.tallies is None or not full:
+            n_layers, n_kv = len(self.k), self.k[0].shape[0]
+            return np.zeros((n_layers, n_kv, self.n_tokens), np.float32), np.zeros(self.n_tokens, np.float32)
+        return self.tallies.by_position(self.pos[full[0]], self.n_tokens)
+
+    def set_attention_by_position(self, mass: np.ndarray | None, seen: np.ndarray | None) -> None:
+        """The inverse of `attention_by_position` (a restored or grown cache's; None: zeros)."""
+        full = self._full_layers()
+        if self.tallies is not None and full:
+            self.tallies.set_by_position(self.pos[full[0]], mass, seen)
+
+    def _shift_rows(self, layer: int, slots: np.ndarray, delta: np.ndarray, shift_keys) -> None:
         k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)  # [n_kv, m, hd]
         k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
         rotate(k, self.rot_k)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
@@ -351,6 +311,8 @@ class KVCache:
             self.pos[layer][:m] = pos[order]
             self.used[layer], self.cur[layer] = m, m % self.caps[layer]
         self.n_tokens = other.n_tokens
+        if self.tallies is not None:
+            self.set_attention_by_position(*other.attention_by_position())
         if self.key_map is not None and not self.key_map.same(other.key_map):
             self._recode_keys(other.key_map)
 

@@ -21,7 +21,7 @@ fingerprint, the context size and CALIBRATION_VERSION), and travel inside saved 
 a state always decodes with the map its rows were stored through. The map depends on the
 context size because RoPE turns K's mean with the position (measure() says how); a cache
 that grows re-codes its K rows for the larger context's map (KVCache.copy_from).
-What does not live here: applying the map (cache.KeyMap, the backend's attend).
+What does not live here: applying the map (row_transforms.KeyMap, the backend's attend).
 """
 
 from __future__ import annotations

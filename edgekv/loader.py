@@ -55,7 +55,7 @@ class Model:
                 cache_type_v: str = "f16", context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
                 layer_windows: dict[int, int] | None = None) -> Session:
         """A fresh conversation state; n_ctx defaults to the model's trained context, capped at 4096.
-        context_shift: what a full context does ("none": ContextFullError, "shift", "stream")."""
+        context_shift: what a full context does ("none": ContextFullError, "shift", "stream", "keep")."""
         n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
         return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v, context_shift, n_keep, n_discard,
                        layer_windows, key_map_for(self, cache_type_k, n_ctx))

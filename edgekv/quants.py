@@ -188,7 +188,7 @@ class KVCacheType:
     # scale is an f16: d = amax / 127 for q8_0, max / -8 for q4_0, max / -16 for q5_0; the
     # _1 types also store the minimum itself as an f16). llama.cpp stores inf there instead.
     limit: float
-    # K stored through the model's calibrated key map (cache.KeyMap): centred and scaled per
+    # K stored through the model's calibrated key map (row_transforms.KeyMap): centred and scaled per
     # channel before the rotation; V rows of such a type are stored as the plain format's
     calibrated: bool = False
 

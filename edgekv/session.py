@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import heavy_hitters
 from .cache import KeyMap, KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
@@ -26,9 +27,9 @@ from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
 
-OVERFLOW_POLICIES = ("none", "shift", "stream")
-STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given
-STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time
+OVERFLOW_POLICIES = ("none", "shift", "stream", "keep")
+STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given (`stream`, `keep`)
+STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time (`keep`: up to as many)
 # The kinds of forward pass each model has run in this process. Numba loads (or compiles) a
 # kernel on its first call, and a KeyboardInterrupt inside its loader leaves Numba broken
 # (RuntimeError on the next call, a segfault later: test_interrupts.py found both), so the
@@ -49,9 +50,12 @@ class SessionState:
     n_tokens: int
     n_vocab: int
     logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
-    # a calibrated K type's key map and sink rows (cache.KeyMap, KVCache.sink_k); None otherwise
+    # a calibrated K type's key map and sink rows (row_transforms.KeyMap, KVCache.sink_k); None otherwise
     key_map: KeyMap | None = None
     sink_k: np.ndarray | None = None
+    # the `keep` policy's tallies by position (KVCache.attention_by_position); else None
+    attention: np.ndarray | None = None  # f32[n_layers, n_kv_heads, n_tokens]
+    attention_seen: np.ndarray | None = None  # f32[n_tokens]
 
     @property
     def n_ctx(self) -> int:
@@ -70,6 +74,14 @@ def _frozen_copy(a: np.ndarray) -> np.ndarray:
     a = a.copy()
     a.flags.writeable = False
     return a
+
+
+def _tallies(cache: KVCache) -> dict[str, np.ndarray]:
+    """A `keep` cache's attention tallies as SessionState fields (none for other caches)."""
+    if cache.tallies is None:
+        return {}
+    mass, seen = cache.attention_by_position()
+    return dict(attention=_frozen_copy(mass), attention_seen=_frozen_copy(seen))
 
 
 class Session:
@@ -92,7 +104,8 @@ class Session:
                 raise EdgeKVError(f"layer window {layer}:{w}: layers are 0..{hp.n_layers - 1}, windows at least 1")
             windows[layer] = min(windows[layer], w) if windows[layer] else w
         self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
-                             windows, self.n_batch, self._kept(), model.backend, key_map)
+                             windows, self.n_batch, self._kept(), model.backend, key_map,
+                             track_attention=context_shift == "keep")
         self.scratch = Scratch(hp, self.n_batch, model.backend.n_workers)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
@@ -104,6 +117,7 @@ class Session:
         # tokens the overflow policy dropped since the last reset: while > 0, `tokens` is no
         # longer the start of the conversation (Llama's chat then appends instead of re-rendering)
         self.n_discarded = 0
+        self.last_evicted = np.zeros(0, np.int64)  # the positions the last overflow dropped (numbered before it)
 
     @property
     def n_ctx(self) -> int:
@@ -165,15 +179,16 @@ class Session:
         return self._last_row
 
     def _kept(self) -> int:
-        """Tokens at the front an overflow keeps: n_keep, or StreamingLLM's sinks for `stream`."""
-        if self.context_shift == "stream" and not self.n_keep:
+        """Tokens at the front an overflow keeps: n_keep, or StreamingLLM's sinks for `stream` and `keep`."""
+        if self.context_shift in ("stream", "keep") and not self.n_keep:
             return STREAM_SINKS
         return self.n_keep if self.context_shift != "none" else 0
 
     def _make_room(self, n: int) -> None:
         """Apply the overflow policy until n more tokens fit (llama.cpp's context shift:
         keep n_keep, drop the oldest others; `stream` drops small blocks, StreamingLLM-like,
-        keeping n_keep (default 4) attention sinks)."""
+        keeping n_keep (default 4) attention sinks; `keep` drops the least-attended tokens
+        outside the sinks and a recent window, heavy_hitters.py)."""
         need = self.n_tokens + n - self.n_ctx
         if need <= 0:
             return
@@ -183,16 +198,29 @@ class Session:
             raise ContextFullError(
                 f"a chunk of {n} tokens does not fit a context of {self.n_ctx} with {keep} kept tokens; "
                 f"use a smaller n_batch or a larger context", n_tokens=self.n_tokens + n, n_ctx=self.n_ctx)
-        if self.context_shift == "shift":
-            discard = max(need, self.n_discard or movable // 2)
-        else:
-            discard = max(need, STREAM_BLOCK)
-        discard = min(discard, movable)
-        log.info("context full: dropping %d tokens after the first %d (%s)", discard, keep, self.context_shift)
+        drop = self._to_evict(need, keep, movable)
+        log.info("context full: dropping %d tokens after the first %d (%s)", drop.size, keep, self.context_shift)
         n_ctx = self.cache.capacity
-        self.cache.discard(keep, discard, lambda layer, k, delta: self.model.shift_keys(layer, k, delta, n_ctx))
-        del self.tokens[keep : keep + discard]
-        self.n_discarded += discard
+        self.cache.evict(drop, lambda layer, k, delta: self.model.shift_keys(layer, k, delta, n_ctx))
+        kept = np.ones(len(self.tokens), bool)
+        kept[drop] = False
+        self.tokens[:] = np.asarray(self.tokens)[kept].tolist()
+        self.n_discarded += drop.size
+        self.last_evicted = drop
+
+    def _to_evict(self, need: int, keep: int, movable: int) -> np.ndarray:
+        """The positions the policy drops to free at least `need` slots, sorted."""
+        if self.context_shift == "shift":
+            n = max(need, self.n_discard or movable // 2)
+        elif self.context_shift == "keep":  # a block small beside the heavy hitters it chooses from
+            n = max(need, min(STREAM_BLOCK, self.n_ctx // 16))
+        else:
+            n = max(need, STREAM_BLOCK)
+        n = min(n, movable)
+        if self.context_shift == "keep":
+            scores = heavy_hitters.score(*self.cache.attention_by_position())
+            return heavy_hitters.choose(scores, keep, heavy_hitters.recent_window(self.n_ctx), n)
+        return np.arange(keep, keep + n)
 
     def _eval_chunk(self, chunk: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> None:
         """Evaluate one chunk, all or nothing: on an error or a Ctrl-C the cache forgets the
@@ -238,7 +266,8 @@ class Session:
                             ring=_frozen_copy(np.stack([c.used, c.cur])), cache_types=(c.type_k, c.type_v),
                             n_tokens=c.n_tokens, n_vocab=self.n_vocab,
                             logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None,
-                            key_map=c.key_map, sink_k=None if c.sink_k is None else _frozen_copy(c.sink_k))
+                            key_map=c.key_map, sink_k=None if c.sink_k is None else _frozen_copy(c.sink_k),
+                            **_tallies(c))
 
     def restore(self, state: SessionState) -> None:
         """Return to `state`, a snapshot of a session of the same model and n_ctx. A state that
@@ -256,6 +285,7 @@ class Session:
         sink_k = None if state.sink_k is None else state.sink_k.copy()
         with Uninterrupted():
             self.cache.load(k, v, pos, state.ring, state.n_tokens, state.key_map, sink_k)  # the swap: nothing from here on can fail
+            self.cache.set_attention_by_position(state.attention, state.attention_seen)
             self.tokens[:] = state.tokens
             self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
             self._has_logits = state.logits is not None
@@ -275,7 +305,8 @@ class Session:
                       self.n_keep, self.n_discard, None, key_map or c.key_map)
         if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
             new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
-                                c.windows, new.n_batch, new._kept(), c.backend, key_map or c.key_map)
+                                c.windows, new.n_batch, new._kept(), c.backend, key_map or c.key_map,
+                                track_attention=c.tallies is not None)
         new.cache.copy_from(c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits

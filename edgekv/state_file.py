@@ -28,9 +28,12 @@ shape, offset, nbytes}). Arrays, with m_i live slots in layer i:
     v.{i}          u8[n_kv_heads, m_i, row_bytes_v]     their V rows, in cache_type_v
     ring           i64[2, n_layers]                     slots ever used, windowed rings' write pointer
     logits         f32[n_vocab]                         after the last token (absent if none)
-    key_mean       f32[n_layers, n_kv_heads, head_dim_k]  a calibrated K type's key map (cache.KeyMap)
+    key_mean       f32[n_layers, n_kv_heads, head_dim_k]  a calibrated K type's key map (row_transforms.KeyMap)
     key_scale      f32[n_layers, n_kv_heads, head_dim_k]  (these three only when cache_type_k is one)
     sink_k         f32[n_layers, n_kv_heads, SINKS, head_dim_k]  its sink rows (KVCache.sink_k)
+    attention      f32[n_layers, n_kv_heads, n_tokens]  the attention each position received per
+                                                        layer and KV head (`keep` sessions only)
+    attention_seen f32[n_tokens]                        from how many queries (with `attention`)
 
 Only live slots are stored (slot_pos >= 0), so a state of 100 tokens in a 4096-token
 context is small; loading puts each row back in the slot it came from. Dtypes are a fixed
@@ -87,7 +90,8 @@ def _geometry(session: Session) -> dict[str, Any]:
                 cache_type_k=c.type_k, cache_type_v=c.type_v)
 
 
-def _expected_arrays(session: Session, n_live: list[int], has_logits: bool) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _expected_arrays(session: Session, n_live: list[int], has_logits: bool, has_attention: bool,
+                     n_tokens: int) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, shape) of every array a state with n_live[i] live slots in layer i must hold."""
     c = session.cache
     out = {}
@@ -101,6 +105,9 @@ def _expected_arrays(session: Session, n_live: list[int], has_logits: bool) -> d
         out["sink_k"] = ("<f4", c.sink_k.shape)
     if has_logits:
         out["logits"] = ("<f4", (session.n_vocab,))
+    if has_attention:
+        out["attention"] = ("<f4", (len(c.k), c.k[0].shape[0], n_tokens))
+        out["attention_seen"] = ("<f4", (n_tokens,))
     return out
 
 
@@ -118,6 +125,8 @@ def save_session(session: Session, model_fingerprint: str, path: str | os.PathLi
         arrays["key_mean"], arrays["key_scale"], arrays["sink_k"] = snap.key_map.mean, snap.key_map.scale, snap.sink_k
     if snap.logits is not None:
         arrays["logits"] = snap.logits.astype(np.float32)
+    if snap.attention is not None:
+        arrays["attention"], arrays["attention_seen"] = snap.attention, snap.attention_seen
     descriptors, offset = [], 0
     for name, a in arrays.items():
         a = arrays[name] = np.ascontiguousarray(a)
@@ -257,7 +266,8 @@ def _read_arrays(header: dict, data: memoryview, path: str, session: Session) ->
         if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int) and 0 <= shape[0] <= cap):
             raise _fail(path, f"arrays[slots.{i}].shape", f"found {shape!r}, expected [m] with 0 <= m <= {cap}")
         n_live.append(shape[0])
-    expected = _expected_arrays(session, n_live, "logits" in described)
+    expected = _expected_arrays(session, n_live, "logits" in described, "attention" in described,
+                                header["n_tokens"])
     if set(described) != set(expected) or len(described) != len(header["arrays"]):
         raise _fail(path, "arrays", f"found {sorted(map(str, described))}, expected {sorted(expected)}")
     out = {}
@@ -312,12 +322,17 @@ def _to_state(header: dict, arrays: dict[str, np.ndarray], path: str, session: S
             out.append(full)
     _check_full_layers_agree(slot_pos, session.cache.windows, path)
     key_map = _key_map(arrays, path)
-    logits = arrays.get("logits")
+    logits, attention, seen = arrays.get("logits"), arrays.get("attention"), arrays.get("attention_seen")
+    for name, a in (("attention", attention), ("attention_seen", seen)):
+        if a is not None and not (np.isfinite(a).all() and (a >= 0).all()):
+            raise _fail(path, name, "attention tallies must be finite and non-negative")
     return SessionState(tokens=tuple(header["tokens"]), k=tuple(k), v=tuple(v), slot_pos=tuple(slot_pos),
                         ring=ring.copy(), cache_types=(header["cache_type_k"], header["cache_type_v"]),
                         n_tokens=n_tokens, n_vocab=session.n_vocab,
                         logits=None if logits is None else logits.copy(), key_map=key_map,
-                        sink_k=None if key_map is None else arrays["sink_k"].copy())
+                        sink_k=None if key_map is None else arrays["sink_k"].copy(),
+                        attention=None if attention is None else attention.copy(),
+                        attention_seen=None if seen is None else seen.copy())
 
 
 def _key_map(arrays: dict[str, np.ndarray], path: str) -> KeyMap | None:

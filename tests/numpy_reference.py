@@ -271,22 +271,47 @@ class ReferenceSession:
         self.k = [np.zeros((0, hp.n_kv_heads, hp.head_dim)) for _ in range(hp.n_layers)]
         self.v = [np.zeros((0, hp.n_kv_heads, hp.head_dim_v)) for _ in range(hp.n_layers)]
         self.pos = np.zeros(0)
+        # the `keep` policy's tallies: the attention each cached token has received in each
+        # full-context layer and KV head (softmax weights summed over the head's query heads
+        # and the queries), and from how many queries
+        self.mass = np.zeros((hp.n_layers, hp.n_kv_heads, 0))
+        self.seen = np.zeros(0)
 
     def discard(self, n_keep: int, n_discard: int) -> None:
-        keep = np.r_[0:n_keep, n_keep + n_discard : len(self.pos)]
-        moved = keep >= n_keep + n_discard
+        self.evict(np.arange(n_keep, n_keep + n_discard))
+
+    def evict(self, drop: np.ndarray) -> None:
+        """Forget the cached tokens at indices `drop`; the others move down to contiguous
+        positions, each K re-rotated by RoPE by minus the number of dropped tokens before it."""
+        keep = np.setdiff1d(np.arange(len(self.pos)), drop)
+        delta = -np.searchsorted(np.sort(drop), keep).astype(np.float64)
+        moved = delta != 0
         for i in range(self.m.hp.n_layers):
             k = self.k[i][keep]
-            k[moved] = self.m._rope(k[moved], np.full(moved.sum(), -float(n_discard)), self.m.theta(i))
-            new_pos = np.flatnonzero(moved) + 0.0  # positions after the discard
-            k[moved] = self.m.round_k(i, k[moved], new_pos)  # re-stored after the shift
+            k[moved] = self.m._rope(k[moved], delta[moved], self.m.theta(i))
+            k[moved] = self.m.round_k(i, k[moved], np.flatnonzero(moved) + 0.0)  # re-stored after the shift
             self.k[i], self.v[i] = k, self.v[i][keep]
         self.pos = np.arange(len(keep), dtype=np.float64)
+        self.mass, self.seen = self.mass[:, :, keep], self.seen[keep]
+
+    def keep_scores(self) -> np.ndarray:
+        """Each cached token's largest mean attention per query over layers and KV heads."""
+        return (self.mass / np.maximum(self.seen, 1)).max(axis=(0, 1))
+
+    def heavy_hitter_evictions(self, n_keep: int, recent: int, n: int) -> np.ndarray:
+        """The `keep` choice as heavy_hitters.py describes it: of the tokens outside the n_keep
+        first and the `recent` last, the n whose largest mean attention per query in any layer
+        and KV head is the smallest (ties: the older)."""
+        score = self.keep_scores()
+        candidates = np.arange(n_keep, max(n_keep + n, len(self.pos) - recent))
+        return np.sort(sorted(candidates, key=lambda t: (score[t], t))[:n])
 
     def step(self, token: int) -> np.ndarray:
         m, hp = self.m, self.m.hp
         p = float(len(self.pos))
         self.pos = np.append(self.pos, p)
+        self.mass = np.concatenate([self.mass, np.zeros((hp.n_layers, hp.n_kv_heads, 1))], axis=2)
+        self.seen = np.append(self.seen, 0.0) + 1
         x = m.embed([token])
         for i in range(hp.n_layers):
             q, k, v = m.qkv(i, x, np.array([p]))
@@ -299,5 +324,7 @@ class ReferenceSession:
                 sc = self.k[i][vis, hh // group] @ q[0, hh] * hp.attn_scale
                 e = np.exp(sc - sc.max())
                 o[hh] = e @ self.v[i][vis, hh // group] / e.sum()
+                if not window:
+                    self.mass[i, hh // group, vis] += e / e.sum()
             x = m.finish(i, x, o.reshape(1, -1), gelu=_ggml_gelu)
         return m.output(x)[0]

@@ -66,7 +66,7 @@ def test_impossible_combination_is_refused_with_the_reason(tiny_model):
 
 
 def test_hadamard_rotation_is_orthonormal_and_undone():
-    from edgekv.cache import hadamard, rotate
+    from edgekv.row_transforms import hadamard, rotate
 
     h = hadamard(64)
     np.testing.assert_allclose(h @ h, np.eye(64), atol=1e-6)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from edgekv import kv_calibration as kc
-from edgekv.cache import SINKS, KeyMap, KVCache, hadamard
+from edgekv.cache import SINKS, KeyMap, KVCache
+from edgekv.row_transforms import hadamard
 from edgekv.kv_report import CachePair, measure_quality
 from edgekv.loader import load
 from edgekv.quants import kv_cache_type

@@ -62,7 +62,9 @@ class Llama(CompletionsMixin, StateMixin):
         cap (auto) or at n_ctx (an int).
         context_shift: what a full context does: "none" (ContextFullError), "shift"
         (llama.cpp's context shift: keep n_keep tokens, drop n_discard (default half) of the
-        others) or "stream" (StreamingLLM: n_keep (default 4) sinks + a sliding window).
+        others), "stream" (StreamingLLM: n_keep (default 4) sinks + a sliding window) or
+        "keep" (n_keep (default 4) sinks + the most attended tokens + a recent window; H2O-like,
+        heavy_hitters.py).
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
         minus the weights (context.default_mem_budget).

@@ -46,13 +46,16 @@ class LayerView:
     rot_v: np.ndarray | None
     limit_k: float  # |values| above this are saturated on write (KVCacheType.limit)
     limit_v: float
-    # a calibrated K type's map (cache.KeyMap) for this layer: K is stored as
+    # a calibrated K type's map (row_transforms.KeyMap) for this layer: K is stored as
     # (k - key_mean) * key_scale and queries divided by key_scale, both f32[n_kv_heads, head_dim]
     key_mean: np.ndarray | None = None
     key_scale: np.ndarray | None = None
     # with them, f32[n_kv_heads, SINKS, head_dim]: the stored K of the first positions, kept
     # in f32 (cache.SINKS); attention reads a slot holding position p < SINKS from here
     sink_k: np.ndarray | None = None
+    # f32[n_kv_heads, cap] or None: where a full-context layer adds the softmax weight each slot
+    # receives, per KV head summed over its query heads and queries (`keep`'s tallies, heavy_hitters.py)
+    attn_mass: np.ndarray | None = None
 
 
 class Backend(ABC):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..cache import keep_sinks, map_keys, map_queries, rotate
+from ..row_transforms import keep_sinks, map_keys, map_queries, rotate
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
@@ -118,7 +118,7 @@ class CPUBackend(Backend):
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         n = q.shape[0]
-        if layer.key_scale is not None:  # a calibrated K type (cache.KeyMap)
+        if layer.key_scale is not None:  # a calibrated K type (row_transforms.KeyMap)
             map_keys(k, layer.key_mean, layer.key_scale)
             map_queries(q, layer.key_scale)
         rotate(q, layer.rot_k)  # quantized caches store rotated K and V (cache.py)
@@ -137,7 +137,8 @@ class CPUBackend(Backend):
             pos = layer.slot_pos[: layer.n_slots]
             at = np.flatnonzero((pos >= 0) & (pos < sinks.shape[1]))
             kf[:, at] = sinks[:, pos[at]]
-            attention_chunk_blas(q, positions, kf, vf, layer.slot_pos, layer.n_slots, layer.window, scale, out, f16)
+            attention_chunk_blas(q, positions, kf, vf, layer.slot_pos, layer.n_slots, layer.window, scale, out, f16,
+                                 layer.attn_mass)
         else:
             scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
             if f16:
@@ -146,6 +147,10 @@ class CPUBackend(Backend):
             else:
                 attention_rows(q, positions, layer.k, layer.v, layer.type_k, layer.type_v, layer.slot_pos,
                                layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out, sinks)
+            if layer.attn_mass is not None:  # the kernels leave each row's softmax numerators
+                weights = scores[: n * q.shape[1], : layer.n_slots]
+                weights = (weights / weights.sum(axis=1, keepdims=True)).reshape(n, k.shape[1], -1, layer.n_slots)
+                layer.attn_mass[:, : layer.n_slots] += weights.sum(axis=(0, 2))
         rotate(out, layer.rot_v)
 
     def describe(self) -> dict[str, str]:

@@ -113,7 +113,7 @@ def add_backend_option(p: argparse.ArgumentParser) -> None:
                    help="where the arithmetic runs: auto, cpu, cpu-portable (default: $EDGEKV_BACKEND or auto)")
 
 
-CONTEXT_SHIFTS = ("none", "shift", "stream")
+CONTEXT_SHIFTS = ("none", "shift", "stream", "keep")
 
 
 def add_kv_options(p: argparse.ArgumentParser, shift_default: str | None = "none", budget: bool = True) -> None:
@@ -124,7 +124,8 @@ def add_kv_options(p: argparse.ArgumentParser, shift_default: str | None = "none
         p.add_argument("--context-shift", choices=CONTEXT_SHIFTS, default=shift_default, metavar="POLICY",
                        help="what a full context does: none (stop with a context-full error), shift (llama.cpp: "
                             "keep --keep tokens, drop half of the others), stream (StreamingLLM: --keep sinks "
-                            f"(default 4) + a sliding window) (default: {shift_default}{why})")
+                            "(default 4) + a sliding window), keep (--keep sinks (default 4) + the tokens "
+                            f"attention uses most + a recent window) (default: {shift_default}{why})")
         p.add_argument("--keep", type=non_negative_int, default=0, metavar="N",
                        help="tokens at the start a context shift keeps (default: 0)")
     p.add_argument("--layer-window", metavar="SPEC", type=layer_window_spec, default=None,

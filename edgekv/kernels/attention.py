@@ -228,14 +228,15 @@ def masked_softmax(scores, group, q_pos, slot_pos, window, scale, round_probs):
             row[s] = round_f16(row[s] * inv) if round_probs else row[s] * inv
 
 
-def attention_chunk_blas(q, q_pos, kf, vf, slot_pos, n_slots, window, scale, out, f16_cache):
+def attention_chunk_blas(q, q_pos, kf, vf, slot_pos, n_slots, window, scale, out, f16_cache, mass=None):
     """Prefill attention for a chunk of queries: the two products through BLAS.
 
     kf: f32[n_kv, n_slots, hd_k] and vf: f32[n_kv, n_slots, hd_v], the visible range of
     the cache as float32 (made per layer and chunk by the caller). With f16_cache the
     roundings of `attention_f16` apply (q is rounded to f16 in place). For many queries
     the score matrix per KV head ([n * group, n_slots] floats) is small enough to
-    materialise, and two GEMMs beat a per-query loop by an order of magnitude.
+    materialise, and two GEMMs beat a per-query loop by an order of magnitude. mass:
+    f32[n_kv, >= n_slots] or None, where each slot's softmax weights are added up per KV head.
     """
     n, n_heads, hd_k = q.shape
     n_kv = kf.shape[0]
@@ -246,4 +247,6 @@ def attention_chunk_blas(q, q_pos, kf, vf, slot_pos, n_slots, window, scale, out
         qg = q[:, g * group : (g + 1) * group, :].reshape(n * group, hd_k)
         scores = qg @ kf[g].T  # [n * group, n_slots]
         masked_softmax(scores, group, q_pos, slot_pos, window, np.float32(scale), f16_cache)
+        if mass is not None:
+            mass[g, :n_slots] += scores.sum(axis=0)
         out[:, g * group : (g + 1) * group, :] = (scores @ vf[g]).reshape(n, group, -1)

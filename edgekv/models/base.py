@@ -262,17 +262,17 @@ class Decoder:
         if self.hp.final_softcap:
             be.softcap(logits, self.hp.final_softcap)
 
-    def shift_keys(self, layer: int, k: np.ndarray, delta: int, n_ctx: int = 0) -> None:
+    def shift_keys(self, layer: int, k: np.ndarray, delta, n_ctx: int = 0) -> None:
         """Rotate cached keys k: f32[m, n_kv, head_dim] by RoPE as if their positions moved by
-        delta (a RoPE rotation composes additively in the position), with the layer's base
-        and the RoPE factors of a session of n_ctx tokens. With a RoPE magnitude factor
+        delta (an int, or i32[m]: one per key; a RoPE rotation composes additively in the
+        position), with the layer's base and the RoPE factors of a session of n_ctx tokens. With a RoPE magnitude factor
         (YaRN, LongRoPE) llama.cpp's shift multiplies the keys by it again; so does this."""
         hp, m = self.hp, k.shape[0]
         theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
         half = hp.rope_dims // 2
         cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
-        self.backend.rope_tables(np.full(m, delta, np.int32), hp.rope_dims, theta, hp.rope_scaling,
-                                 self.rope_factors(n_ctx), cos, sin)
+        deltas = np.broadcast_to(np.asarray(delta, np.int32), (m,)).copy()
+        self.backend.rope_tables(deltas, hp.rope_dims, theta, hp.rope_scaling, self.rope_factors(n_ctx), cos, sin)
         self.backend.rope(k, cos, sin, hp.rope_mode)
 
 
