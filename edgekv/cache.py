@@ -106,6 +106,8 @@ class KVCache:
         self.rot_v = rotation_for(quantized["v"], head_dim_v, largest=False)  # to V, undone on the output
         # the attention each slot of the full-context layers has received (the `keep` policy's)
         self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity) if track_attention else None
+        # a full-context layer (all of them hold a position in the same slot), which the tallies index
+        self.tally_layer = next((i for i, w in enumerate(self.windows) if w == 0), None)
 
     def ring(self, layer: int) -> bool:
         """Whether the layer is a windowed ring smaller than the context."""
@@ -187,9 +189,8 @@ class KVCache:
     def commit(self, res: Reservation) -> None:
         """Make the reserved slots part of the cache once every layer has written them."""
         self.n_tokens += res.positions.size
-        full = self._full_layers()
-        if self.tallies is not None and full:
-            self.tallies.count(self.pos[full[0]], res.slots[full[0]])
+        if self.tallies is not None and self.tally_layer is not None:
+            self.tallies.count(self.pos[self.tally_layer], res.slots[self.tally_layer])
 
     def rollback(self, res: Reservation) -> None:
         """Forget reserved slots after a failed or interrupted evaluation. A windowed ring
@@ -246,22 +247,17 @@ class KVCache:
                 self._shift_rows(layer, moved, delta, shift_keys)
         self.n_tokens -= drop.size
 
-    def _full_layers(self) -> list[int]:
-        return [i for i, w in enumerate(self.windows) if w == 0]
-
     def attention_by_position(self) -> tuple[np.ndarray, np.ndarray]:
         """The `keep` tallies by position (AttentionTallies.by_position); zeros without them."""
-        full = self._full_layers()
-        if self.tallies is None or not full:
+        if self.tallies is None or self.tally_layer is None:
             n_layers, n_kv = len(self.k), self.k[0].shape[0]
             return np.zeros((n_layers, n_kv, self.n_tokens), np.float32), np.zeros(self.n_tokens, np.float32)
-        return self.tallies.by_position(self.pos[full[0]], self.n_tokens)
+        return self.tallies.by_position(self.pos[self.tally_layer], self.n_tokens)
 
     def set_attention_by_position(self, mass: np.ndarray | None, seen: np.ndarray | None) -> None:
         """The inverse of `attention_by_position` (a restored or grown cache's; None: zeros)."""
-        full = self._full_layers()
-        if self.tallies is not None and full:
-            self.tallies.set_by_position(self.pos[full[0]], mass, seen)
+        if self.tallies is not None and self.tally_layer is not None:
+            self.tallies.set_by_position(self.pos[self.tally_layer], mass, seen)
 
     def _shift_rows(self, layer: int, slots: np.ndarray, delta: np.ndarray, shift_keys) -> None:
         k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)  # [n_kv, m, hd]
