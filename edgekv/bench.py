@@ -99,15 +99,15 @@ def bench_matrix(n_prompt: Sequence[int], n_gen: Sequence[int], n_depth: Sequenc
 def check_tests(tests: Sequence[BenchTest], hp: "HParams", model_name: str, max_threads: int) -> None:
     """EdgeKVError for the first test this model cannot run: a cache type unknown or not
     fitting its head size, a context beyond the trained one, more threads than there are."""
-    from .cache import cache_type_for
+    from .layer_types import layer_kinds
 
     if not tests:
         raise EdgeKVError("nothing to measure: every prompt length (-p) and generation length (-n) is 0")
     for t in tests:
         if min(t.n_prompt, t.n_gen) < 0 or t.n_depth < 0 or t.n_tokens < 1 or t.n_batch < 1 or t.n_threads < 1:
             raise EdgeKVError(f"test {t}: counts must be >= 0 with n_prompt + n_gen >= 1, n_batch and threads >= 1")
-        cache_type_for("-ctk", t.type_k, hp.head_dim)
-        cache_type_for("-ctv", t.type_v, hp.head_dim_v)
+        layer_kinds("-ctk", t.type_k, hp.head_dim, hp.n_layers)
+        layer_kinds("-ctv", t.type_v, hp.head_dim_v, hp.n_layers)
         if t.n_ctx > hp.n_ctx_train:
             raise EdgeKVError(f"{t.name} needs a context of {t.n_ctx} tokens (depth + prompt + generation), but "
                               f"{model_name} was trained for {hp.n_ctx_train}; use a smaller -d, -p or -n")

@@ -3,11 +3,12 @@
 Layout per layer: K u8[n_kv_heads, cap, row_bytes_k] and V u8[n_kv_heads, cap,
 row_bytes_v], one token's head_dim values per row, stored in the cache type's ggml block
 format (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_cal; K and V chosen
-separately), so V is never transposed and a quantized row is quantized once, on write.
-A calibrated K type (iq4_cal) stores K through the model's `KeyMap` (kv_calibration.py
-says why and how it is measured). `pos[layer][s]` is
-the absolute position held by slot s (-1 when empty); attention reads positions only for
-its masks, so slots are used in any order and nothing is ever copied on wrap.
+separately, and per layer when the type spec is a mix: layer_types.py), so V is never
+transposed and a quantized row is quantized once, on write. A calibrated K type (iq4_cal)
+stores K through the model's `KeyMap` (kv_calibration.py says why and how it is
+measured). `pos[layer][s]` is the absolute position held by slot s (-1 when empty);
+attention reads positions only for its masks, so slots are used in any order and nothing
+is ever copied on wrap.
 
 Two kinds of layer ring:
 - full (cap = n_ctx): a new token takes the lowest free slot, so before the first overflow
@@ -35,7 +36,8 @@ from .backends import Backend, LayerView, get_backend
 from .errors import ContextFullError, EdgeKVError
 from .heavy_hitters import AttentionTallies
 from .row_transforms import KeyMap, keep_sinks, rotate, rotation_for
-from .quants import KV_CACHE_TYPES, kv_cache_type
+from .layer_types import layer_kinds, spec_name
+from .quants import KV_CACHE_TYPES
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
 # A calibrated K type keeps the K of the first SINKS positions also in f32 beside the ring
@@ -47,19 +49,6 @@ SINKS = 1
 # (KVCacheType.limit: +-65504 for f16, the f16 block scale's reach for the quantized types;
 # llama.cpp would store inf and produce NaN scores); NaN stays NaN, and NaN or infinite
 # logits make the session raise NumericalError instead of sampling garbage (session.py).
-
-
-def cache_type_for(option: str, name: str, head_dim: int):
-    """The cache type `name` for rows of head_dim values, or EdgeKVError saying why not."""
-    try:
-        t = kv_cache_type(name)
-    except EdgeKVError as exc:
-        raise EdgeKVError(f"{option}={name!r}: {exc}") from None
-    block = t.quant.block_size
-    if head_dim % block:
-        raise EdgeKVError(f"{option}={name!r} stores blocks of {block} values, but this model's head size is "
-                          f"{head_dim}, not a multiple of {block}; choose f16, bf16 or f32 for {option}")
-    return t
 
 
 @dataclass
@@ -78,32 +67,35 @@ class KVCache:
                  key_map: KeyMap | None = None, track_attention: bool = False):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
-        self.kind_k = cache_type_for("cache_type_k", type_k, head_dim_k)
-        self.kind_v = cache_type_for("cache_type_v", type_v, head_dim_v)
-        if self.kind_k.calibrated and key_map is None:
+        # per layer: a cache type spec may mix types over the layers (layer_types.py)
+        self.kinds_k = layer_kinds("cache_type_k", type_k, head_dim_k, n_layers)
+        self.kinds_v = layer_kinds("cache_type_v", type_v, head_dim_v, n_layers)
+        if self.calibrated and key_map is None:
             raise EdgeKVError(f"cache_type_k={type_k!r} needs the model's key map (kv_calibration.key_map)")
-        self.key_map = key_map if self.kind_k.calibrated else None
-        # the first SINKS positions' stored (mapped, rotated) K in f32, by position; None unless calibrated
+        self.key_map = key_map if self.calibrated else None
+        # the first SINKS positions' stored (mapped, rotated) K in f32, by position; None unless
+        # calibrated (a mix keeps them for every layer; only its calibrated layers read them)
         self.sink_k = np.zeros((n_layers, n_kv_heads, SINKS, head_dim_k), np.float32) if self.key_map is not None else None
         # who sees each layer's Q and K on their way in (kv_calibration measures with it)
         self.observer = None
         self.capacity = capacity
-        self.type_k, self.type_v = self.kind_k.name, self.kind_v.name
+        self.type_k, self.type_v = spec_name(self.kinds_k), spec_name(self.kinds_v)  # canonical specs
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
         self.backend = get_backend(backend)
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
-        rb_k, rb_v = self.kind_k.row_nbytes(head_dim_k), self.kind_v.row_nbytes(head_dim_v)
-        self.k = [np.zeros((n_kv_heads, cap, rb_k), np.uint8) for cap in self.caps]
-        self.v = [np.zeros((n_kv_heads, cap, rb_v), np.uint8) for cap in self.caps]
+        self.k = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_k)), np.uint8)
+                  for cap, kind in zip(self.caps, self.kinds_k)]
+        self.v = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
+                  for cap, kind in zip(self.caps, self.kinds_v)]
         self.pos = [np.full(cap, -1, np.int32) for cap in self.caps]  # per layer (cap,)
         self.used = np.zeros(n_layers, np.int64)  # slots ever written: attention scans [0, used)
         self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
         self.n_tokens = 0
-        quantized = {name: kind.quant.block_size > 1 for name, kind in (("k", self.kind_k), ("v", self.kind_v))}
-        self.rot_k = rotation_for(quantized["k"], head_dim_k, largest=True)  # applied to Q and K
-        self.rot_v = rotation_for(quantized["v"], head_dim_v, largest=False)  # to V, undone on the output
+        # per layer: the Hadamard matrix a quantized type's rows are stored rotated by (None: not)
+        self.rot_k = [rotation_for(kind.quant.block_size > 1, head_dim_k, largest=True) for kind in self.kinds_k]
+        self.rot_v = [rotation_for(kind.quant.block_size > 1, head_dim_v, largest=False) for kind in self.kinds_v]
         # the attention each slot of the full-context layers has received (the `keep` policy's)
         self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity) if track_attention else None
         # a full-context layer (all of them hold a position in the same slot), which the tallies index
@@ -125,6 +117,20 @@ class KVCache:
         return start, cur
 
     @property
+    def calibrated(self) -> bool:
+        """Some layer's K type is calibrated (iq4_cal): the cache holds a key map and sink rows."""
+        return any(kind.calibrated for kind in self.kinds_k)
+
+    @property
+    def kind_k(self):
+        """The K type of every layer (a cache without a per-layer mix)."""
+        return _uniform(self.kinds_k, self.type_k)
+
+    @property
+    def kind_v(self):
+        return _uniform(self.kinds_v, self.type_v)
+
+    @property
     def f16(self) -> bool:
         """Both K and V are f16: the path that reproduces llama.cpp's arithmetic exactly."""
         return self.type_k == "f16" and self.type_v == "f16"
@@ -135,8 +141,7 @@ class KVCache:
 
     def bytes_per_token(self) -> tuple[int, int]:
         """(K, V) bytes one token takes over all layers."""
-        n_layers, n_kv = len(self.k), self.k[0].shape[0]
-        return n_layers * n_kv * self.k[0].shape[2], n_layers * n_kv * self.v[0].shape[2]
+        return sum(a.shape[0] * a.shape[2] for a in self.k), sum(a.shape[0] * a.shape[2] for a in self.v)
 
     def reserve(self, n: int) -> Reservation:
         """Slots and positions for the next n tokens, visible to attention at once (a chunk
@@ -170,10 +175,11 @@ class KVCache:
 
     def layer_view(self, layer: int) -> LayerView:
         """What layer `layer` holds, for the backend's attention."""
-        m = self.key_map
-        return LayerView(self.k[layer], self.v[layer], self.kind_k.quant.ggml_type, self.kind_v.quant.ggml_type,
-                         self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k, self.rot_v,
-                         _limit(self.kind_k), _limit(self.kind_v),
+        kind_k, kind_v = self.kinds_k[layer], self.kinds_v[layer]
+        m = self.key_map if kind_k.calibrated else None
+        return LayerView(self.k[layer], self.v[layer], kind_k.quant.ggml_type, kind_v.quant.ggml_type,
+                         self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k[layer],
+                         self.rot_v[layer], _limit(kind_k), _limit(kind_v),
                          None if m is None else m.mean[layer], None if m is None else m.scale[layer],
                          None if m is None else self.sink_k[layer],
                          self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None)
@@ -181,10 +187,17 @@ class KVCache:
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
         self.write_k(layer, slots, k)
-        self.backend.store_kv(self.v[layer], self.kind_v.quant.ggml_type, slots, v, _limit(self.kind_v))
+        kind = self.kinds_v[layer]
+        self.backend.store_kv(self.v[layer], kind.quant.ggml_type, slots, v, _limit(kind))
 
     def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
-        self.backend.store_kv(self.k[layer], self.kind_k.quant.ggml_type, slots, k, _limit(self.kind_k))
+        kind = self.kinds_k[layer]
+        self.backend.store_kv(self.k[layer], kind.quant.ggml_type, slots, k, _limit(kind))
+
+    def load_k(self, layer: int, slots: np.ndarray) -> np.ndarray:
+        """The stored K rows of `slots` as f32[m, n_kv, head_dim] (still rotated and mapped)."""
+        k = self.backend.load_kv(self.k[layer], self.kinds_k[layer].quant.ggml_type, self.head_dim_k, slots)
+        return np.ascontiguousarray(k.transpose(1, 0, 2))
 
     def commit(self, res: Reservation) -> None:
         """Make the reserved slots part of the cache once every layer has written them."""
@@ -260,17 +273,18 @@ class KVCache:
             self.tallies.set_by_position(self.pos[self.tally_layer], mass, seen)
 
     def _shift_rows(self, layer: int, slots: np.ndarray, delta: np.ndarray, shift_keys) -> None:
-        k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)  # [n_kv, m, hd]
-        k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
-        rotate(k, self.rot_k)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
-        if self.key_map is not None:
-            self.key_map.unkeys(layer, k)
+        k = self.load_k(layer, slots)  # [m, n_kv, hd]
+        rot = self.rot_k[layer]
+        key_map = self.key_map if self.kinds_k[layer].calibrated else None
+        rotate(k, rot)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
+        if key_map is not None:
+            key_map.unkeys(layer, k)
         shift_keys(layer, k, delta)
-        if self.key_map is not None:
-            self.key_map.keys(layer, k)
-        rotate(k, self.rot_k)
+        if key_map is not None:
+            key_map.keys(layer, k)
+        rotate(k, rot)
         self.write_k(layer, slots, k)
-        if self.sink_k is not None:
+        if key_map is not None:
             keep_sinks(self.sink_k[layer], self.pos[layer][slots], k)
 
     # -- whole-cache copies: snapshots and growth (session.py) ---------------------------------
@@ -281,7 +295,7 @@ class KVCache:
         positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens; for a
         calibrated K type also the key map its rows were stored through and the sink rows."""
         self.k, self.v, self.pos = list(k), list(v), list(pos)
-        if self.kind_k.calibrated:
+        if self.calibrated:
             self.key_map, self.sink_k = key_map, sink_k
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
@@ -316,10 +330,11 @@ class KVCache:
         """K rows and sink rows stored through the map `old` -> through this cache's map (a
         calibrated K type's cache that grew into a larger context, whose map differs)."""
         for layer, pos in enumerate(self.pos):
+            if not self.kinds_k[layer].calibrated:
+                continue
             slots = np.flatnonzero(pos >= 0)
             if slots.size:
-                k = self.backend.load_kv(self.k[layer], self.kind_k.quant.ggml_type, self.head_dim_k, slots)
-                k = np.ascontiguousarray(k.transpose(1, 0, 2))  # [m, n_kv, hd]
+                k = self.load_k(layer, slots)
                 self._remap(layer, k, old)
                 self.write_k(layer, slots, k)
             sinks = np.ascontiguousarray(self.sink_k[layer].transpose(1, 0, 2))  # [SINKS, n_kv, hd]
@@ -328,10 +343,16 @@ class KVCache:
 
     def _remap(self, layer: int, k: np.ndarray, old: KeyMap) -> None:
         # stored values through `old` -> stored values through this cache's map, in place
-        rotate(k, self.rot_k)
+        rotate(k, self.rot_k[layer])
         old.unkeys(layer, k)
         self.key_map.keys(layer, k)
-        rotate(k, self.rot_k)
+        rotate(k, self.rot_k[layer])
+
+def _uniform(kinds, spec: str):
+    if any(kind.name != kinds[0].name for kind in kinds):
+        raise EdgeKVError(f"the cache type {spec!r} differs between layers: read kinds_k / kinds_v[layer]")
+    return kinds[0]
+
 
 def _limit(kind) -> float:
     """Values beyond the cache type's finite range are stored saturated, not as inf."""

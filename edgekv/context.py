@@ -17,8 +17,9 @@ Capacity of layer i (slots in its ring), with n_ctx the plan's context:
     layer in `layer_windows`             min(layer window (, model window) + n_batch, n_ctx)
 A window layer needs its window plus one prefill chunk: the chunk's first token still
 attends to `window` older tokens while the chunk's own K/V are already written.
-KV bytes = sum_i capacity_i * n_kv_heads * (row_bytes_k + row_bytes_v), row bytes from
-the cache type's ggml block format (quants.py).
+KV bytes = sum_i capacity_i * n_kv_heads * (row_bytes_k_i + row_bytes_v_i), row bytes from
+layer i's cache type's ggml block format (quants.py; a type spec may mix types over the
+layers, layer_types.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from .cache import cache_type_for
+from .layer_types import layer_kinds, spec_name
 from .errors import EdgeKVError, UnsupportedModelError
 from .memory import free_memory
 
@@ -72,8 +73,8 @@ class KVPlan:
     capacities: tuple[int, ...]  # per layer: slots in its ring
     layer_kinds: tuple[str, ...]  # per layer: GLOBAL, SLIDING or WINDOWED
     windows: tuple[int, ...]  # per layer: tokens it attends back over, 0 = the whole context
-    row_bytes_k: int  # K bytes of one token in one layer, all KV heads
-    row_bytes_v: int
+    row_bytes_k: tuple[int, ...]  # per layer: K bytes of one token, all KV heads
+    row_bytes_v: tuple[int, ...]
     mem_budget: int | None = None
 
     @property
@@ -88,24 +89,26 @@ class KVPlan:
     @property
     def bytes_per_token_k(self) -> int:
         """K bytes one token takes over all layers (KVCache.bytes_per_token()[0])."""
-        return self.n_layers * self.row_bytes_k
+        return sum(self.row_bytes_k)
 
     @property
     def bytes_per_token_v(self) -> int:
-        return self.n_layers * self.row_bytes_v
+        return sum(self.row_bytes_v)
 
     @property
     def kv_bytes(self) -> int:
-        return sum(self.capacities) * (self.row_bytes_k + self.row_bytes_v)
+        return sum(c * (k + v) for c, k, v in zip(self.capacities, self.row_bytes_k, self.row_bytes_v))
 
     def kinds(self) -> dict[str, KindSummary]:
         """Layer kind -> its summary, for the kinds present, in LAYER_KINDS order."""
         out = {}
         for kind in LAYER_KINDS:
-            caps = [c for c, k in zip(self.capacities, self.layer_kinds) if k == kind]
-            if caps:
-                out[kind] = KindSummary(len(caps), min(caps), max(caps), len(caps) * self.row_bytes_k,
-                                        len(caps) * self.row_bytes_v, sum(caps) * (self.row_bytes_k + self.row_bytes_v))
+            layers = [i for i, k in enumerate(self.layer_kinds) if k == kind]
+            if layers:
+                caps = [self.capacities[i] for i in layers]
+                rk, rv = [self.row_bytes_k[i] for i in layers], [self.row_bytes_v[i] for i in layers]
+                out[kind] = KindSummary(len(caps), min(caps), max(caps), sum(rk), sum(rv),
+                                        sum(c * (k + v) for c, k, v in zip(caps, rk, rv)))
         return out
 
 
@@ -132,8 +135,9 @@ def _layer_limits(hp, layer_windows: dict[int, int] | None,
     return limits, kinds, windows
 
 
-def _kv_bytes(n_ctx: int, limits: list[float], row_bytes: int) -> int:
-    return sum(int(min(n_ctx, lim)) for lim in limits) * row_bytes
+def _kv_bytes(n_ctx: int, limits: list[float], rows: list[int]) -> int:
+    # rows: per layer, the K + V bytes of one token
+    return sum(int(min(n_ctx, lim)) * row for lim, row in zip(limits, rows))
 
 
 def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", cache_type_k: str = "f16",
@@ -149,10 +153,9 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     """
     if n_batch < 1:
         raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
-    kind_k, kind_v = _kinds(hp, cache_type_k, cache_type_v)
-    row_k, row_v = _rows(hp, kind_k, kind_v)
+    row_k, row_v = kv_row_bytes(hp, cache_type_k, cache_type_v)
     limits, kinds, windows = _layer_limits(hp, layer_windows, n_batch)
-    row = row_k + row_v
+    row = [k + v for k, v in zip(row_k, row_v)]
     if n_ctx == "auto":
         n_ctx, reason, detail = _auto_ctx(hp, n_prompt, n_predict, mem_budget, limits, row)
     elif isinstance(n_ctx, int) and not isinstance(n_ctx, bool):
@@ -168,12 +171,12 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     else:
         raise EdgeKVError(f"n_ctx must be a positive integer or 'auto', got {n_ctx!r}")
     capacities = tuple(int(min(n_ctx, lim)) for lim in limits)
-    return KVPlan(n_ctx, reason, detail, kind_k.name, kind_v.name, n_batch, capacities, tuple(kinds),
-                  tuple(windows), row_k, row_v, mem_budget)
+    return KVPlan(n_ctx, reason, detail, _spec(hp, cache_type_k, True), _spec(hp, cache_type_v, False), n_batch,
+                  capacities, tuple(kinds), tuple(windows), row_k, row_v, mem_budget)
 
 
 def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits: list[float],
-              row: int) -> tuple[int, str, str]:
+              row: list[int]) -> tuple[int, str, str]:
     if n_prompt < 0:
         raise EdgeKVError(f"n_prompt must be at least 0, got {n_prompt}")
     if n_predict < 0:
@@ -203,7 +206,7 @@ def max_context(hp, cache_type_k: str, cache_type_v: str, mem_budget: int,
                 layer_windows: dict[int, int] | None = None, n_batch: int = 512) -> int:
     """The longest context (a multiple of CTX_ALIGN) whose KV cache fits mem_budget, not
     capped by the trained context; 0 when not even CTX_ALIGN tokens fit."""
-    row = sum(kv_row_bytes(hp, cache_type_k, cache_type_v))
+    row = [k + v for k, v in zip(*kv_row_bytes(hp, cache_type_k, cache_type_v))]
     limits = _layer_limits(hp, layer_windows, n_batch)[0]
     hi = 1
     while _kv_bytes(hi * CTX_ALIGN, limits, row) <= mem_budget and hi < 1 << 24:
@@ -211,7 +214,7 @@ def max_context(hp, cache_type_k: str, cache_type_v: str, mem_budget: int,
     return _fitting_blocks(limits, row, mem_budget, hi) * CTX_ALIGN
 
 
-def _fitting_blocks(limits: list[float], row: int, mem_budget: int, hi: int) -> int:
+def _fitting_blocks(limits: list[float], row: list[int], mem_budget: int, hi: int) -> int:
     """The largest k <= hi whose k * CTX_ALIGN tokens of KV cache fit mem_budget (0: none)."""
     lo = 0
     while lo < hi:
@@ -220,19 +223,19 @@ def _fitting_blocks(limits: list[float], row: int, mem_budget: int, hi: int) -> 
     return lo
 
 
-def kv_row_bytes(hp, cache_type_k: str, cache_type_v: str) -> tuple[int, int]:
-    """Bytes of one token's K and of its V in one layer, all KV heads (EdgeKVError for a
-    type unknown or whose blocks do not divide the head size)."""
-    return _rows(hp, *_kinds(hp, cache_type_k, cache_type_v))
+def kv_row_bytes(hp, cache_type_k: str, cache_type_v: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per layer, the bytes of one token's K and of its V, all KV heads (EdgeKVError for a
+    type unknown, whose blocks do not divide the head size, or a mix that does not fit)."""
+    kinds_k = layer_kinds("cache_type_k", cache_type_k, hp.head_dim, hp.n_layers)
+    kinds_v = layer_kinds("cache_type_v", cache_type_v, hp.head_dim_v, hp.n_layers)
+    return (tuple(hp.n_kv_heads * kind.row_nbytes(hp.head_dim) for kind in kinds_k),
+            tuple(hp.n_kv_heads * kind.row_nbytes(hp.head_dim_v) for kind in kinds_v))
 
 
-def _kinds(hp, cache_type_k: str, cache_type_v: str):
-    return cache_type_for("cache_type_k", cache_type_k, hp.head_dim), \
-        cache_type_for("cache_type_v", cache_type_v, hp.head_dim_v)
-
-
-def _rows(hp, kind_k, kind_v) -> tuple[int, int]:
-    return hp.n_kv_heads * kind_k.row_nbytes(hp.head_dim), hp.n_kv_heads * kind_v.row_nbytes(hp.head_dim_v)
+def _spec(hp, spec: str, k: bool) -> str:
+    """The canonical name of a cache type spec (layer_types.spec_name) for this model."""
+    option, head_dim = ("cache_type_k", hp.head_dim) if k else ("cache_type_v", hp.head_dim_v)
+    return spec_name(layer_kinds(option, spec, head_dim, hp.n_layers))
 
 
 # ---- memory budget -------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import numpy as np
 
 from .cache import SINKS, KeyMap
 from .kernels.jit_cache import kernel_cache_dir
+from .layer_types import spec_types
 from .quants import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
@@ -160,7 +161,7 @@ def key_map(model, n_ctx: int) -> KeyMap:
 
 
 def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:
-    """key_map(model, n_ctx) when cache_type_k is a calibrated type, else None (an unknown
-    name too: the cache refuses it with the list of types)."""
-    kind = KV_CACHE_TYPES.get(str(cache_type_k).lower())
-    return key_map(model, n_ctx) if kind is not None and kind.calibrated else None
+    """key_map(model, n_ctx) when the spec cache_type_k gives some layer a calibrated type,
+    else None (an unknown name or a malformed spec too: the cache refuses it, saying why)."""
+    kinds = [KV_CACHE_TYPES.get(name) for name in spec_types(cache_type_k)]
+    return key_map(model, n_ctx) if any(kind is not None and kind.calibrated for kind in kinds) else None

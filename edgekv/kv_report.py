@@ -9,6 +9,8 @@ and decode speed at a depth (llama-bench's tg at -d). One f16/f16 pass gives the
 chunk is evaluated by the base and then by every pair before the next chunk, so only one
 chunk's base log-probs are ever held (~50 MB for a 49k vocabulary, ~270 MB for 262k).
 A pair is on the Pareto front when no other pair is both smaller and closer to f16.
+A type may be a per-layer mix (layer_types.py: `q8_0:2+q4_0+q8_0:2`); `mix_verdicts`
+says whether any mix beats the uniform types on the front (issue 14 item 3).
 What does not live here: the command and its table (cli/kv_report.py), the plot
 (kv_plot.py), the method's chunks and NLL (perplexity.py).
 """
@@ -22,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .bench import BenchTest, run_test
-from .cache import cache_type_for
+from .layer_types import layer_kinds, spec_name
 from .context import kv_row_bytes, max_context
 from .errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
@@ -40,11 +42,17 @@ class CachePair:
     def name(self) -> str:
         return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
 
+    @property
+    def mixed(self) -> bool:
+        """K or V differs between layers."""
+        return "+" in self.type_k or "+" in self.type_v
 
-def parse_pairs(spec: str, head_dim_k: int, head_dim_v: int) -> list[CachePair]:
-    """`f16,q8_0,q8_0/q4_0` -> the pairs (a single type is K = V); the f16/f16 base first,
-    added when the list lacks it. Unknown types, or types whose blocks do not divide the
-    model's head size, are EdgeKVError naming the entry."""
+
+def parse_pairs(spec: str, hp) -> list[CachePair]:
+    """`f16,q8_0,q8_0/q4_0,q8_0:2+q4_0` -> the pairs (a single type is K = V; a type may be
+    a per-layer mix, named canonically); the f16/f16 base first, added when the list lacks
+    it. Unknown types, types whose blocks do not divide the model's head size, or mixes that
+    do not fit its layers are EdgeKVError naming the entry."""
     pairs = [CachePair(*BASE)]
     for entry in (e.strip() for e in spec.split(",")):
         if not entry:
@@ -52,7 +60,8 @@ def parse_pairs(spec: str, head_dim_k: int, head_dim_v: int) -> list[CachePair]:
         k, _, v = entry.partition("/")
         if not k or entry.count("/") > 1 or (_ and not v):
             raise EdgeKVError(f"--types entry {entry!r}: give TYPE (K and V) or K_TYPE/V_TYPE, e.g. q8_0/q4_0")
-        pair = CachePair(cache_type_for("K", k, head_dim_k).name, cache_type_for("V", v or k, head_dim_v).name)
+        pair = CachePair(spec_name(layer_kinds("K", k, hp.head_dim, hp.n_layers)),
+                         spec_name(layer_kinds("V", v or k, hp.head_dim_v, hp.n_layers)))
         if pair not in pairs:
             pairs.append(pair)
     return pairs
@@ -140,9 +149,10 @@ class Storage:
 
 
 def storage(hp, pair: CachePair, mem_budget: int) -> Storage:
-    row_k, row_v = kv_row_bytes(hp, pair.type_k, pair.type_v)  # one layer, all KV heads
-    bits_k, bits_v = 8 * row_k / (hp.n_kv_heads * hp.head_dim), 8 * row_v / (hp.n_kv_heads * hp.head_dim_v)
-    return Storage(bits_k, bits_v, hp.n_layers * (row_k + row_v), max_context(hp, pair.type_k, pair.type_v, mem_budget))
+    row_k, row_v = kv_row_bytes(hp, pair.type_k, pair.type_v)  # per layer, all KV heads
+    values_k, values_v = hp.n_layers * hp.n_kv_heads * hp.head_dim, hp.n_layers * hp.n_kv_heads * hp.head_dim_v
+    return Storage(8 * sum(row_k) / values_k, 8 * sum(row_v) / values_v, sum(row_k) + sum(row_v),
+                   max_context(hp, pair.type_k, pair.type_v, mem_budget))
 
 
 def decode_speed(model, pair: CachePair, depth: int, n_gen: int, repetitions: int, threads: int | None) -> float:
@@ -154,5 +164,23 @@ def decode_speed(model, pair: CachePair, depth: int, n_gen: int, repetitions: in
 def pareto_front(points: dict[CachePair, tuple[float, float]]) -> set[CachePair]:
     """The pairs no other pair beats on both (bytes, KLD): smaller-or-equal on both and
     strictly smaller on one."""
-    return {p for p, (b, q) in points.items()
-            if not any(b2 <= b and q2 <= q and (b2 < b or q2 < q) for p2, (b2, q2) in points.items() if p2 != p)}
+    return {p for p in points if not any(_beats(points[q], points[p]) for q in points if q != p)}
+
+
+def _beats(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0] or a[1] < b[1])
+
+
+def mix_verdicts(points: dict[CachePair, tuple[float, float]]) -> list[str]:
+    """For each per-layer mix among the (bytes, KLD) points, in words: on the Pareto front
+    or not, and which pairs it beats or is beaten by; empty when no pair is a mix."""
+    out = []
+    for p in (p for p in points if p.mixed):
+        by = [q.name for q in points if q != p and _beats(points[q], points[p])]
+        if by:
+            out.append(f"{p.name}: not on the Pareto front, beaten by {', '.join(by)} (smaller and closer to f16)")
+            continue
+        beaten = [q.name for q in points if not q.mixed and _beats(points[p], points[q])]
+        out.append(f"{p.name}: on the Pareto front" + (f", beats the uniform {', '.join(beaten)}" if beaten else
+                                                         ", but beats no uniform pair (it only fills a gap)"))
+    return out

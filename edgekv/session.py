@@ -278,7 +278,7 @@ class Session:
             if theirs[name] != value:
                 raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
                                   f"{name}={value}; a state fits only a session of the same model and context size")
-        if self.cache.kind_k.calibrated and (state.key_map is None or state.sink_k is None):
+        if self.cache.calibrated and (state.key_map is None or state.sink_k is None):
             raise EdgeKVError("cannot restore a state without its key map into a session whose cache type is "
                               f"{self.cache.type_k}")
         k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]

@@ -115,9 +115,13 @@ def _split_fused(w: dict[str, np.ndarray], hp) -> None:
             w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = np.split(w[p + "ffn_up.weight"], 2)
 
 
+def _of_layer(cache_type, layer: int) -> str:
+    return cache_type if isinstance(cache_type, str) else cache_type[layer]
+
+
 class ReferenceModel:
     """cache_type_k / cache_type_v: the cache types whose rounding K and V go through
-    (`cache_round`); f32 = none. key_map: a calibrated K type's (mean, scale), each
+    (`cache_round`); f32 = none; a list gives each layer its own (a per-layer mix). key_map: a calibrated K type's (mean, scale), each
     [n_layers, n_kv_heads, head_dim] (the session's KeyMap: a parameter of the format, like
     the rotation), whose K at positions below `sinks` is kept unrounded. n_ctx: the
     session's context size, which picks Phi-3's long or short LongRoPE factors. RoPE
@@ -159,8 +163,11 @@ class ReferenceModel:
 
     def round_k(self, layer: int, k: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """K rows [n, n_kv, hd] at positions pos as the cache gives them back."""
+        cache_type = _of_layer(self.cache_type_k, layer)
+        if cache_type != "iq4_cal":  # only a calibrated type has a key map and keeps sinks
+            return cache_round(k, cache_type, largest=True)
         key_map = None if self.key_map is None else (self.key_map[0][layer], self.key_map[1][layer])
-        out = cache_round(k, self.cache_type_k, largest=True, key_map=key_map)
+        out = cache_round(k, cache_type, largest=True, key_map=key_map)
         sink = pos < self.sinks
         out[sink] = k[sink]
         return out
@@ -202,7 +209,8 @@ class ReferenceModel:
             q, k = self._rms(q, w[p + "attn_q_norm.weight"]), self._rms(k, w[p + "attn_k_norm.weight"])
         q, k = self._rope(q, pos, self.theta(i)), self._rope(k, pos, self.theta(i))
         k = self.round_k(i, k, pos)
-        return q, k, cache_round(v.reshape(n, hp.n_kv_heads, hp.head_dim_v), self.cache_type_v, largest=False)
+        v = v.reshape(n, hp.n_kv_heads, hp.head_dim_v)
+        return q, k, cache_round(v, _of_layer(self.cache_type_v, i), largest=False)
 
     def finish(self, i: int, x: np.ndarray, att: np.ndarray, gelu=None) -> np.ndarray:
         """The residual stream after layer i, given its attention output att: [n, n_heads * head_dim_v]."""

@@ -82,8 +82,8 @@ def test_quantized_caches_rotate_like_llama_cpp(tiny_model):
     # head size 128: K rotated in runs of 128, V in runs of 64; q4_0 gets closer to f32
     model = load(tiny_model("llama", dim=256, n_heads=2, n_kv_heads=1, head_dim=128, ff=256))
     s = model.session(n_ctx=32, cache_type_k="q4_0", cache_type_v="q4_0")
-    assert s.cache.rot_k.shape == (128, 128) and s.cache.rot_v.shape == (64, 64)
-    assert model.session(n_ctx=32).cache.rot_k is None  # f16: nothing to rotate
+    assert s.cache.rot_k[0].shape == (128, 128) and s.cache.rot_v[0].shape == (64, 64)
+    assert model.session(n_ctx=32).cache.rot_k == [None] * model.hp.n_layers  # f16: nothing to rotate
     ref = _logits(model, "f32", "f32", 1)
     rotated = _logits(model, "q4_0", "q4_0", 1)
     err = np.abs(rotated - ref).max() / np.abs(ref).max()

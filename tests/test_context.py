@@ -96,7 +96,7 @@ def test_sliding_window_layers_of_a_tiny_gemma3(tiny_model):
     assert plan.layer_kinds == (SLIDING,) * 5 + (GLOBAL, SLIDING)
     kinds = plan.kinds()
     assert (kinds[GLOBAL].n_layers, kinds[SLIDING].n_layers) == (1, 6)
-    assert plan.kv_bytes == kinds[GLOBAL].kv_bytes + kinds[SLIDING].kv_bytes == (256 + 6 * 24) * plan.row_bytes_k * 2
+    assert plan.kv_bytes == kinds[GLOBAL].kv_bytes + kinds[SLIDING].kv_bytes == (256 + 6 * 24) * plan.row_bytes_k[0] * 2
     small = plan_context(hp, 0, 0, n_ctx=20, n_batch=16)  # the ring never exceeds n_ctx
     assert small.capacities == (20,) * 7 and small.uniform
     windowed = plan_context(hp, 0, 0, n_batch=16, layer_windows={5: 100, 0: 4})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,17 +21,44 @@ from edgekv.loader import load
 from conftest import REFERENCE_DIR
 
 GPL3 = REFERENCE_DIR / "gpl3.txt"
+HP = SimpleNamespace(head_dim=64, head_dim_v=64, n_layers=6)  # what parse_pairs reads of a model
 
 
 def test_pairs_parse_with_the_base_first_and_bad_entries_named():
-    pairs = parse_pairs("q8_0, q8_0/q4_0,f16,q8_0", 64, 64)
+    pairs = parse_pairs("q8_0, q8_0/q4_0,f16,q8_0", HP)
     assert [p.name for p in pairs] == ["f16", "q8_0", "q8_0/q4_0"]
     assert pairs[2] == CachePair("q8_0", "q4_0")
     for spec, message in (("q9_0", "q9_0"), ("q8_0/q4_0/f16", "K_TYPE/V_TYPE"), ("q8_0/", "K_TYPE/V_TYPE")):
         with pytest.raises(EdgeKVError, match=re.escape(message)):
-            parse_pairs(spec, 64, 64)
+            parse_pairs(spec, HP)
     with pytest.raises(EdgeKVError, match="head size"):
-        parse_pairs("q4_0", 48, 48)
+        parse_pairs("q4_0", SimpleNamespace(head_dim=48, head_dim_v=48, n_layers=4))
+
+
+def test_per_layer_mixes_parse_to_canonical_names():
+    pairs = parse_pairs("q8_0:2+q4_0+q8_0:1/q4_0,q8_0:3+q8_0:3,q4_0:6", HP)
+    assert [p.name for p in pairs] == ["f16", "q8_0:2+q4_0:3+q8_0:1/q4_0", "q8_0", "q4_0"]  # same layers, same pair
+    assert pairs[1].mixed and not pairs[2].mixed
+    for spec, message in (("q8_0:2+q4_0:2", "names 4 layers, but the model has 6"),
+                          ("q8_0+q4_0", "only one segment"), ("q8_0:x", "is not TYPE or TYPE:N")):
+        with pytest.raises(EdgeKVError, match=re.escape(message)):
+            parse_pairs(spec, HP)
+
+
+def test_mix_verdicts_say_whether_a_mix_beats_the_uniform_types():
+    from edgekv.kv_report import mix_verdicts
+
+    f16, q8, q4 = (CachePair(t, t) for t in ("f16", "q8_0", "q4_0"))
+    q5 = CachePair("q5_0", "q5_0")
+    edges, worse = CachePair("q8_0:1+q4_0:4+q8_0:1", "q4_0"), CachePair("q8_0:3+q4_0:3", "q8_0:3+q4_0:3")
+    points = {f16: (100, 0.0), q8: (53, 0.002), q5: (34, 0.03), q4: (28, 0.07), edges: (32, 0.02), worse: (40, 0.04)}
+    assert mix_verdicts(points) == [
+        f"{edges.name}: on the Pareto front, beats the uniform q5_0",
+        f"{worse.name}: not on the Pareto front, beaten by q5_0, {edges.name} (smaller and closer to f16)"]
+    points[q5] = (31, 0.03)  # smaller than the mix: it beats nothing uniform, but nothing beats it
+    del points[worse]
+    assert mix_verdicts(points)[0].endswith("but beats no uniform pair (it only fills a gap)")
+    assert mix_verdicts({f16: (100, 0.0), q4: (28, 0.07)}) == []
 
 
 def test_the_pareto_front_keeps_the_pairs_nothing_beats():
@@ -108,16 +136,21 @@ def _independent_kld(model_path, chunks: list[list[int]], type_k: str, type_v: s
 
 def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
     png = tmp_path / "kv.png"
-    code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--chunks", "2", "--types", "q8_0,q8_0/q4_0",
-                 "--depth", "256", "--n-gen", "4", "--mem-budget", "64M", "--png", str(png)])
+    code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--chunks", "2", "--types",
+                 "q8_0,q8_0/q4_0,q8_0:2+q4_0+q8_0:2/q4_0", "--depth", "256", "--n-gen", "4", "--mem-budget", "64M", "--png", str(png)])
     out = capsys.readouterr().out
     assert code == 0, out
     table = _table(out)
-    assert list(table) == ["f16", "q8_0", "q8_0/q4_0"]
-    base, q8, mixed = table.values()
+    edges = "q8_0:2+q4_0:26+q8_0:2/q4_0"  # per-layer K: the first and last two layers q8_0
+    assert list(table) == ["f16", "q8_0", "q8_0/q4_0", edges]
+    base, q8, mixed, by_layer = table.values()
     assert base["mean KLD"].startswith("0.00000") and base["same top"] == "100.00%" and base["Pareto"] == "yes"
     assert base["bits/value"] == "16.00" and q8["bits/value"] == "8.50" and mixed["bits/value"] == "6.50"
     assert base["KV bytes/token"] == f"{30 * 3 * 64 * 2 * 2:,}"  # 30 layers, 3 KV heads, 64 values, K and V
+    # K: 4 layers of q8_0 (34 bytes a block of 32) and 26 of q4_0 (18); V: 30 of q4_0
+    assert by_layer["KV bytes/token"] == f"{3 * 2 * (4 * 34 + 26 * 18 + 30 * 18):,}"
+    assert by_layer["bits/value"] == f"{(8 * (4 * 34 + 26 * 18) / (30 * 32) + 4.5) / 2:.2f}"
+    assert re.search(rf"^- {re.escape(edges)}: (not )?on the Pareto front", out, re.M)
     assert base["max ctx in 64.00 MiB"] == f"{(64 << 20) // (30 * 3 * 64 * 4) // 256 * 256:,}"
     assert all(float(r["tg4 t/s @ d256"]) > 0 for r in table.values())
 
@@ -125,7 +158,7 @@ def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
     tokens = tok.encode(GPL3.read_bytes(), add_bos=None)
     chunks = [([tok.bos_id] if tok.add_bos else tokens[i * 512:i * 512 + 1]) + tokens[i * 512 + 1:(i + 1) * 512]
               for i in range(2)]
-    for row, (tk, tv) in ((q8, ("q8_0", "q8_0")), (mixed, ("q8_0", "q4_0"))):
+    for row, (tk, tv) in ((q8, ("q8_0", "q8_0")), (mixed, ("q8_0", "q4_0")), (by_layer, edges.split("/"))):
         reported = float(row["mean KLD"].split()[0])
         assert reported == pytest.approx(_independent_kld(smollm2_path, chunks, tk, tv), rel=2e-3, abs=1e-5)
     assert 0 < float(q8["mean KLD"].split()[0]) < float(mixed["mean KLD"].split()[0])

@@ -108,7 +108,7 @@ def huge_k_model(tiny_model, tmp_path_factory):
     return poisoned(src, tmp_path_factory.mktemp("num") / "huge-k.gguf", "blk.0.attn_k.weight", scale)
 
 
-@pytest.mark.parametrize("cache_type", CACHE_TYPES)
+@pytest.mark.parametrize("cache_type", CACHE_TYPES + ("q4_0:1+f16", "f16:1+iq4_cal"))  # and per-layer mixes
 def test_k_beyond_every_cache_type_gives_finite_logits(huge_k_model, cache_type):
     model = load(huge_k_model)
     s = model.session(n_ctx=32, cache_type_k=cache_type, cache_type_v=cache_type)

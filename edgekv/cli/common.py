@@ -103,8 +103,10 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True, c
                    help=f"context size in tokens{auto} (default: {ctx_default})")
     p.add_argument("-b", "--batch-size", type=positive_int, default=512, help="prompt chunk size (default: 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16",
+                   help="KV cache type for K, or a per-layer mix such as q8_0:2+q4_0+q8_0:2 (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16",
+                   help="KV cache type for V, or a per-layer mix (default: f16)")
     add_backend_option(p)
 
 

@@ -31,8 +31,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-b", "--batch-size", type=positive_int, default=512, help="prompt chunk size (default: 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("--types", default=DEFAULT_TYPES,
-                   help=f"pairs to compare: TYPE (K and V) or K_TYPE/V_TYPE, comma-separated; the f16 base is "
-                        f"always measured (default: {DEFAULT_TYPES})")
+                   help=f"pairs to compare: TYPE (K and V) or K_TYPE/V_TYPE, comma-separated; a TYPE may mix "
+                        f"types over the layers, e.g. q8_0:2+q4_0+q8_0:2 (first and last two layers q8_0); "
+                        f"the f16 base is always measured (default: {DEFAULT_TYPES})")
     p.add_argument("--chunks", type=int, default=-1, help="score at most this many chunks (default: all)")
     p.add_argument("--mem-budget", metavar="BYTES", type=mem_size, default="1G",
                    help="memory for the KV cache in the 'longest context' column, e.g. 512M (default: 1G)")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     threads = set_num_threads(args.threads)
     model = load(args.model, args.backend)
     hp = model.hp
-    pairs = kv.parse_pairs(args.types, hp.head_dim, hp.head_dim_v)
+    pairs = kv.parse_pairs(args.types, hp)
     tokens = model.tokenizer.encode(text, add_bos=None, special=False)
     t0 = time.perf_counter()
 
@@ -69,8 +70,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kv-report: decode speed of {pair.name} at depth {args.depth}", file=sys.stderr, flush=True)
         speed[pair] = kv.decode_speed(model, pair, args.depth, args.n_gen, 2, threads)
     stores = {p: kv.storage(hp, p, args.mem_budget) for p in pairs}
-    front = kv.pareto_front({p: (stores[p].bytes_per_token, quality[p].kld) for p in pairs})
+    points = {p: (stores[p].bytes_per_token, quality[p].kld) for p in pairs}
+    front = kv.pareto_front(points)
     print(table(pairs, quality, stores, speed, front, args))
+    verdicts = kv.mix_verdicts(points)
+    if verdicts:
+        print("\nPer-layer mixes against the uniform types:\n" + "\n".join(f"- {v}" for v in verdicts))
     print(f"\n{quality[pairs[0]].n_scored} tokens scored per pair; max ctx is what the memory holds (the model "
           f"was trained for {hp.n_ctx_train:,}); took {time.perf_counter() - t0:.0f} s on {threads} threads", flush=True)
     if args.png:

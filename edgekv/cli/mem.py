@@ -30,8 +30,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-n", "--n-predict", type=int, default=128,
                    help="tokens to generate, -1 = until the context is full (default: 128)")
     p.add_argument("-b", "--batch-size", type=positive_int, default=512, help="prompt chunk size (default: 512)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type for K (default: f16)")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type for V (default: f16)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16",
+                   help="KV cache type for K, or a per-layer mix such as q8_0:2+q4_0+q8_0:2 (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16",
+                   help="KV cache type for V, or a per-layer mix (default: f16)")
     p.add_argument("--layer-window", metavar="SPEC", default=None,
                    help="keep only a window in some layers: LAYERS:WINDOW[,...], e.g. 0-9:512,12:256")
     p.add_argument("--mem-budget", metavar="BYTES", default=None,
