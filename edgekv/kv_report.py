@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .bench import BenchTest, run_test
-from .layer_types import layer_kinds, spec_name
+from .layer_types import layer_kinds, spec_name, summary
 from .context import kv_row_bytes, max_context
 from .errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
@@ -41,6 +41,12 @@ class CachePair:
     @property
     def name(self) -> str:
         return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
+
+    @property
+    def label(self) -> str:
+        """The name, with a mix summarised as its count of layers per type (for the plot)."""
+        k, v = summary(self.type_k), summary(self.type_v)
+        return k if self.type_k == self.type_v else f"{k} / {v}" if self.mixed else f"{k}/{v}"
 
     @property
     def mixed(self) -> bool:
@@ -116,15 +122,16 @@ def kl_divergence(base_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 
 def measure_quality(model, tokens: Sequence[int], n_ctx: int, pairs: Sequence[CachePair], max_chunks: int = -1,
-                    n_batch: int = 512, on_chunk: Callable[[int, int], None] | None = None) -> dict[CachePair, Quality]:
-    """PPL, KLD from the f16/f16 base and same-top % of every pair over the text's chunks."""
+                    n_batch: int = 512, on_chunk: Callable[[int, int], None] | None = None,
+                    base_pair: CachePair = CachePair(*BASE)) -> dict[CachePair, Quality]:
+    """PPL, KLD from the base pair (f16/f16; it need not be among `pairs`) and same-top % of
+    every pair over the text's chunks."""
     tok = model.tokenizer
     bos = tok.bos_id if tok.add_bos else None
     n_chunks = count_chunks(len(tokens), n_ctx, max_chunks)
-    base_pair = CachePair(*BASE)
     sessions = {p: model.session(n_ctx, n_batch, p.type_k, p.type_v) for p in pairs if p != base_pair}
-    base = model.session(n_ctx, n_batch, *BASE)
-    tallies = {p: _Tally() for p in pairs}
+    base = model.session(n_ctx, n_batch, base_pair.type_k, base_pair.type_v)
+    tallies = {p: _Tally() for p in [base_pair, *pairs]}
     for i in range(n_chunks):
         chunk = tokens[i * n_ctx : (i + 1) * n_ctx]
         base_logp = []
@@ -137,7 +144,7 @@ def measure_quality(model, tokens: Sequence[int], n_ctx: int, pairs: Sequence[Ca
                 tallies[pair].add(token_nll(rows, tgt), kl_divergence(base_logp[j], rows), same)
         if on_chunk is not None:
             on_chunk(i, n_chunks)
-    return {p: _quality(tallies[p]) for p in pairs}
+    return {p: _quality(tallies[p]) for p in pairs}  # the base's own only when asked for
 
 
 @dataclass

@@ -94,6 +94,25 @@ def spec_name(kinds: Sequence[KVCacheType]) -> str:
     return runs[0][0] if len(runs) == 1 else "+".join(f"{name}:{n}" for name, n in runs)
 
 
-def mean_bits(kinds: Sequence[KVCacheType], head_dim: int) -> float:
-    """Bits one value takes, scales included, averaged over the layers."""
-    return 8 * sum(k.row_nbytes(head_dim) for k in kinds) / (len(kinds) * head_dim)
+def summary(spec: str) -> str:
+    """A short label for a canonical spec: the type most layers have, then where the others
+    are (`q8_0:2+q4_0:26+q8_0:2` -> `q4_0 (q8_0 in 0-1, 28-29)`); a single type as it is."""
+    layers: dict[str, list[int]] = {}
+    start = 0
+    for name, n in segments("", spec):
+        layers.setdefault(name, []).extend(range(start, start + (n or 0)))
+        start += n or 0
+    if len(layers) == 1:
+        return spec
+    most = max(layers, key=lambda name: len(layers[name]))
+    return most + " (" + "; ".join(f"{name} in {_ranges(ids)}" for name, ids in layers.items() if name != most) + ")"
+
+
+def _ranges(ids: list[int]) -> str:
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

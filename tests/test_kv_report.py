@@ -39,6 +39,9 @@ def test_per_layer_mixes_parse_to_canonical_names():
     pairs = parse_pairs("q8_0:2+q4_0+q8_0:1/q4_0,q8_0:3+q8_0:3,q4_0:6", HP)
     assert [p.name for p in pairs] == ["f16", "q8_0:2+q4_0:3+q8_0:1/q4_0", "q8_0", "q4_0"]  # same layers, same pair
     assert pairs[1].mixed and not pairs[2].mixed
+    # the plot's label: the type most layers have, then where the others are
+    assert pairs[1].label == "q8_0 (q4_0 in 2-4) / q4_0" and pairs[2].label == "q8_0"  # a tie: the first
+    assert CachePair("f16:1+q8_0:2+q4_0:1", "q8_0").label == "q8_0 (f16 in 0; q4_0 in 3) / q8_0"
     for spec, message in (("q8_0:2+q4_0:2", "names 4 layers, but the model has 6"),
                           ("q8_0+q4_0", "only one segment"), ("q8_0:x", "is not TYPE or TYPE:N")):
         with pytest.raises(EdgeKVError, match=re.escape(message)):
@@ -68,12 +71,21 @@ def test_the_pareto_front_keeps_the_pairs_nothing_beats():
     assert pareto_front({a: (10, 0.1), b: (10, 0.1)}) == {a, b}  # ties beat nobody
 
 
-def test_labels_of_pairs_at_equal_bits_alternate_sides():
-    from edgekv.kv_plot import _label_sides
+def test_point_numbers_cover_no_point_and_no_other_number():
+    from edgekv.kv_plot import _CHAR_W, _DOT_R, _TEXT_H, _label_offsets
 
-    rows = [("f16", 16.0, 0.0, True), ("q4_0", 4.5, 0.076, False), ("iq4_nl", 4.5, 0.068, False),
-            ("iq4_cal", 4.5, 0.026, True), ("q8_0/q4_0", 6.5, 0.011, False)]
-    assert _label_sides(rows) == [1, 1, -1, 1, 1]  # at 4.5 bits: right, left, right from the top down
+    # a cluster as 4-bit types and their mixes make: markers 3 to 12 points apart
+    points = [(100, 200), (110, 212), (110, 188), (122, 200), (100, 212), (300, 50)]
+    labels = [str(n) for n in range(1, 7)]
+    boxes = []
+    for (x, y), text, (dx, dy) in zip(points, labels, _label_offsets(points, labels)):
+        w = _CHAR_W * len(text)
+        x0 = x + dx if dx > 0 else x + dx - w if dx < 0 else x - w / 2
+        boxes.append((x0, x0 + w, y + dy, y + dy + _TEXT_H))
+    for i, (x0, x1, y0, y1) in enumerate(boxes):
+        assert not any(x0 - _DOT_R < px < x1 + _DOT_R and y0 - _DOT_R < py < y1 + _DOT_R for px, py in points), i
+        assert not any(x0 < b1 and b0 < x1 and y0 < c1 and c0 < y1 for j, (b0, b1, c0, c1) in enumerate(boxes) if j != i)
+    assert _label_offsets([(300, 50)], ["1"]) == [(6, 3)]  # alone: right of its point
 
 
 def test_kl_divergence_is_float64_kl():
@@ -164,7 +176,7 @@ def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
     assert 0 < float(q8["mean KLD"].split()[0]) < float(mixed["mean KLD"].split()[0])
 
     header = png.read_bytes()[:24]
-    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (900, 600)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1320, 780)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         from ..kv_plot import save_plot
 
-        rows = [(p.name, (stores[p].bits_k + stores[p].bits_v) / 2, quality[p].kld, p in front) for p in pairs]
+        rows = [(p.label, (stores[p].bits_k + stores[p].bits_v) / 2, quality[p].kld, p in front) for p in pairs]
         title = f"{model.name}: KV cache types on {os.path.basename(args.file)} (-c {args.ctx_size})"
         save_plot(args.png, title, rows)
         print(f"kv-report: plot written to {args.png}", file=sys.stderr)
