@@ -118,6 +118,8 @@ def test_the_longest_context_fits_the_budget_and_one_more_step_does_not(fixture,
 
 
 def _table(out: str) -> dict[str, dict[str, str]]:
+    """The pairs' table (after the layer scan's, if any): K/V name -> column -> cell."""
+    out = out[out.index("| K | V |"):]
     lines = [line for line in out.splitlines() if line.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
@@ -187,3 +189,39 @@ def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
 def test_bad_kv_report_requests_say_what_to_do(smollm2_path, capsys, args, message):
     code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--depth", "0"] + args)
     assert code == 1 and message in capsys.readouterr().err
+
+
+def test_layer_scan_measures_each_layer_and_mixes_the_costliest(tiny_model, capsys):
+    """--layer-scan's per-layer costs against the float64 reference rounding one layer's K
+    (tests/numpy_reference.py), and the mix it adds: q8_0 K in the two costliest layers."""
+    from edgekv.layer_scan import per_layer
+    from numpy_reference import ReferenceModel
+
+    path = tiny_model("llama", n_layers=4, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=256)
+    code = main(["kv-report", "-m", str(path), "-f", str(GPL3), "-c", "64", "--chunks", "2", "--types", "q8_0",
+                 "--depth", "0", "--layer-scan", "--scan-chunks", "2", "--scan-type", "q4_0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    costs = [float(c) for c in re.findall(r"^\| \d \| ([0-9.e-]+) \|$", out, re.M)]
+    assert len(costs) == 4
+
+    tok = load(str(path)).tokenizer
+    tokens = tok.encode(GPL3.read_text(), add_bos=None, special=False)
+    chunks = [tokens[i * 64:(i + 1) * 64] for i in range(2)]
+    if tok.add_bos:
+        chunks = [[tok.bos_id] + c[1:] for c in chunks]
+
+    def logp(types):  # the scored rows (positions 32..62) of each chunk, log-softmaxed in long double
+        rows = np.concatenate([ReferenceModel(path, types, "f32").logits(c)[32:63] for c in chunks])
+        rows = rows.astype(np.longdouble)
+        return rows - np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1, keepdims=True)) - rows.max(1, keepdims=True)
+
+    base = logp("f32")
+    for i in range(4):
+        types = ["f32"] * 4
+        types[i] = "q4_0"
+        want = float((np.exp(base) * (base - logp(types))).sum(1).mean())
+        assert costs[i] == pytest.approx(want, rel=0.02, abs=1e-7), (i, costs, want)
+    top = sorted(range(4), key=lambda i: -costs[i])[:2]
+    mix = per_layer(["q8_0" if i in top else "q4_0" for i in range(4)])
+    assert f"{mix}/q4_0" in _table(out)
