@@ -348,6 +348,7 @@ class KVCache:
         self.key_map.keys(layer, k)
         rotate(k, self.rot_k[layer])
 
+
 def _uniform(kinds, spec: str):
     if any(kind.name != kinds[0].name for kind in kinds):
         raise EdgeKVError(f"the cache type {spec!r} differs between layers: read kinds_k / kinds_v[layer]")

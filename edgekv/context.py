@@ -153,7 +153,8 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     """
     if n_batch < 1:
         raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
-    row_k, row_v = kv_row_bytes(hp, cache_type_k, cache_type_v)
+    kinds_k, kinds_v = _kinds(hp, cache_type_k, cache_type_v)
+    row_k, row_v = _rows(hp, kinds_k, kinds_v)
     limits, kinds, windows = _layer_limits(hp, layer_windows, n_batch)
     row = [k + v for k, v in zip(row_k, row_v)]
     if n_ctx == "auto":
@@ -171,8 +172,8 @@ def plan_context(hp, n_prompt: int, n_predict: int, n_ctx: int | str = "auto", c
     else:
         raise EdgeKVError(f"n_ctx must be a positive integer or 'auto', got {n_ctx!r}")
     capacities = tuple(int(min(n_ctx, lim)) for lim in limits)
-    return KVPlan(n_ctx, reason, detail, _spec(hp, cache_type_k, True), _spec(hp, cache_type_v, False), n_batch,
-                  capacities, tuple(kinds), tuple(windows), row_k, row_v, mem_budget)
+    return KVPlan(n_ctx, reason, detail, spec_name(kinds_k), spec_name(kinds_v), n_batch, capacities, tuple(kinds),
+                  tuple(windows), row_k, row_v, mem_budget)
 
 
 def _auto_ctx(hp, n_prompt: int, n_predict: int, mem_budget: int | None, limits: list[float],
@@ -226,16 +227,18 @@ def _fitting_blocks(limits: list[float], row: list[int], mem_budget: int, hi: in
 def kv_row_bytes(hp, cache_type_k: str, cache_type_v: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per layer, the bytes of one token's K and of its V, all KV heads (EdgeKVError for a
     type unknown, whose blocks do not divide the head size, or a mix that does not fit)."""
-    kinds_k = layer_kinds("cache_type_k", cache_type_k, hp.head_dim, hp.n_layers)
-    kinds_v = layer_kinds("cache_type_v", cache_type_v, hp.head_dim_v, hp.n_layers)
+    return _rows(hp, *_kinds(hp, cache_type_k, cache_type_v))
+
+
+def _kinds(hp, cache_type_k: str, cache_type_v: str):
+    """Every layer's K type and V type (layer_types.layer_kinds)."""
+    return layer_kinds("cache_type_k", cache_type_k, hp.head_dim, hp.n_layers), \
+        layer_kinds("cache_type_v", cache_type_v, hp.head_dim_v, hp.n_layers)
+
+
+def _rows(hp, kinds_k, kinds_v) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(hp.n_kv_heads * kind.row_nbytes(hp.head_dim) for kind in kinds_k),
             tuple(hp.n_kv_heads * kind.row_nbytes(hp.head_dim_v) for kind in kinds_v))
-
-
-def _spec(hp, spec: str, k: bool) -> str:
-    """The canonical name of a cache type spec (layer_types.spec_name) for this model."""
-    option, head_dim = ("cache_type_k", hp.head_dim) if k else ("cache_type_v", hp.head_dim_v)
-    return spec_name(layer_kinds(option, spec, head_dim, hp.n_layers))
 
 
 # ---- memory budget -------------------------------------------------------------------------

@@ -4,7 +4,8 @@ x: bits per value (K and V averaged, block scales included), the memory a token 
 y: mean KL divergence from the f16/f16 cache, on a log scale (the f16 base, at 0, sits on
 the bottom edge); the Pareto front is joined by a line and its points filled, the others
 hollow. Points carry numbers; a key beside the plot names them (CachePair.label: a per-layer
-mix as its main type and where the others are) with their bits and KLD. matplotlib is an optional extra (`pip install edgekv[plot]`).
+mix as its main type and where the others are) with their bits and KLD. matplotlib is an
+optional extra (`pip install edgekv[plot]`).
 What does not live here: the measurements (kv_report.py).
 """
 
@@ -26,17 +27,16 @@ _CHAR_W, _TEXT_H, _DOT_R = 6.0, 9.0, 5.0  # a 9-point digit's width and height, 
 def _label_offsets(points: Sequence[tuple[float, float]], labels: Sequence[str]) -> list[tuple[int, int]]:
     """For each point (x, y in points, y up), the first offset in _OFFSETS whose label box
     overlaps no marker and no label placed before it (the first offset when none is free)."""
-    def box(x, y, dx, text):
+    def box(x, y, dx, dy, text):  # (x0, x1, y0, y1) of the label at offset (dx, dy)
         w = _CHAR_W * len(text)
         left = x + dx if dx > 0 else x + dx - w if dx < 0 else x - w / 2
-        return left, left + w
+        return left, left + w, y + dy, y + dy + _TEXT_H
 
     placed: list[tuple[float, float, float, float]] = []
     out = []
     for (x, y), text in zip(points, labels):
         for dx, dy in _OFFSETS:
-            x0, x1 = box(x, y, dx, text)
-            y0, y1 = y + dy, y + dy + _TEXT_H
+            x0, x1, y0, y1 = box(x, y, dx, dy, text)
             hits_dot = any(x0 - _DOT_R < px < x1 + _DOT_R and y0 - _DOT_R < py < y1 + _DOT_R for px, py in points)
             if abs(dx) > 10 or abs(dy) > 15:  # its leader line must pass no other point
                 hits_dot = hits_dot or any(_near_segment((px, py), (x, y), (x + dx, y + dy)) for px, py in points
@@ -46,8 +46,7 @@ def _label_offsets(points: Sequence[tuple[float, float]], labels: Sequence[str])
                 break
         else:
             dx, dy = _OFFSETS[0]
-            x0, x1 = box(x, y, dx, text)
-            y0, y1 = y + dy, y + dy + _TEXT_H
+            x0, x1, y0, y1 = box(x, y, dx, dy, text)
         placed.append((x0, x1, y0, y1))
         out.append((dx, dy))
     return out

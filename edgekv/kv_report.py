@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .bench import BenchTest, run_test
-from .layer_types import layer_kinds, spec_name, summary
+from .layer_types import canonical, summary
 from .context import kv_row_bytes, max_context
 from .errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
@@ -66,8 +66,8 @@ def parse_pairs(spec: str, hp) -> list[CachePair]:
         k, _, v = entry.partition("/")
         if not k or entry.count("/") > 1 or (_ and not v):
             raise EdgeKVError(f"--types entry {entry!r}: give TYPE (K and V) or K_TYPE/V_TYPE, e.g. q8_0/q4_0")
-        pair = CachePair(spec_name(layer_kinds("K", k, hp.head_dim, hp.n_layers)),
-                         spec_name(layer_kinds("V", v or k, hp.head_dim_v, hp.n_layers)))
+        pair = CachePair(canonical("K", k, hp.head_dim, hp.n_layers),
+                         canonical("V", v or k, hp.head_dim_v, hp.n_layers))
         if pair not in pairs:
             pairs.append(pair)
     return pairs

@@ -63,6 +63,6 @@ def suggested_mixes(costs: Sequence[float], low: str, high: str = "q8_0",
     out = []
     for n in (n for n in counts if 0 < n < len(costs)):
         top = set(ranked[:n])
-        out.append(CachePair(per_layer([high if i in top else low for i in range(len(costs))]),
-                             spec_name([kv_cache_type(low)])))
+        k = per_layer([high if i in top else low for i in range(len(costs))])
+        out.append(CachePair(k, kv_cache_type(low).name))
     return out

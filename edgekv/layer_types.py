@@ -82,6 +82,11 @@ def layer_kinds(option: str, spec: str, head_dim: int, n_layers: int) -> tuple[K
     return tuple(kinds)
 
 
+def canonical(option: str, spec: str, head_dim: int, n_layers: int) -> str:
+    """The canonical name of `spec` for a model of n_layers (EdgeKVError when it does not fit)."""
+    return spec_name(layer_kinds(option, spec, head_dim, n_layers))
+
+
 def spec_name(kinds: Sequence[KVCacheType]) -> str:
     """The canonical spec of per-layer types: the name when all are one type, else every
     run as TYPE:N (`q8_0:2+q4_0:26+q8_0:2`)."""

@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
 def layer_scan(model, tokens, args: argparse.Namespace) -> list:
     """Print each layer's K cost (layer_scan.key_costs) and return the mixes it suggests."""
     from ..layer_scan import key_costs, suggested_mixes
-    from ..layer_types import layer_kinds
+    from ..layer_types import cache_type_for
 
-    low = layer_kinds("--scan-type", args.scan_type, model.hp.head_dim, 1)[0].name
+    low = cache_type_for("--scan-type", args.scan_type, model.hp.head_dim).name
     t0 = time.perf_counter()
 
     def progress(done: int, n: int) -> None:
