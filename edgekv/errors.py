@@ -50,3 +50,8 @@ class StateFileError(EdgeKVError):
     def __init__(self, message: str, field: str = ""):
         super().__init__(message)
         self.field = field
+
+
+class QuantizeError(EdgeKVError):
+    """A quantization that cannot be done as asked: an unknown type, a quantized source
+    without --allow-requantize, a source that is not a model file."""

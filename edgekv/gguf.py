@@ -144,7 +144,9 @@ class GGUFFile:
         cur = _Cursor(self._map, self.path)
         self.version, n_tensors, n_kv = self._header(cur)
         self.metadata: dict[str, Any] = {}
+        self.kv_spans: dict[str, tuple[int, int]] = {}  # key -> byte span of its whole entry
         for i in range(n_kv):
+            entry = cur.pos
             key = cur.string(f"metadata key #{i}")
             if key in self.metadata:
                 raise GGUFError(f"{self.path}: metadata key {key!r} appears twice")
@@ -152,6 +154,7 @@ class GGUFFile:
             if key == "general.alignment" and vtype != 4:
                 raise GGUFError(f"{self.path}: general.alignment has value type {vtype}, expected 4 (uint32)")
             self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
+            self.kv_spans[key] = (entry, cur.pos)
         infos = [self._tensor_info(cur, i) for i in range(n_tensors)]
         alignment = int(self.metadata.get("general.alignment", 32))
         if alignment <= 0 or alignment & (alignment - 1):
@@ -222,6 +225,12 @@ class GGUFFile:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: required metadata key {key!r} is missing")
         return self.metadata[key]
+
+    def raw_kv(self, key: str) -> bytes:
+        """A metadata entry exactly as the file encodes it (key, value type, value), for
+        copying it into another file."""
+        start, end = self.kv_spans[key]
+        return bytes(self._map[start:end])
 
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:

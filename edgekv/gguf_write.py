@@ -1,0 +1,135 @@
+"""Writing a GGUF file tensor by tensor, all or nothing.
+
+What lives here: encoding metadata entries (`kv_u32`, `kv_string`; entries copied from
+another file pass through as their raw bytes, `GGUFFile.raw_kv`), and `GGUFOutput`, which
+writes the header and tensor directory, then each tensor's bytes as they are produced, into a
+temporary file beside the destination that becomes the destination only when every tensor is
+in (`os.replace`). On any error, disk full included, the temporary file is removed and no
+partial output is left. What does not: reading (gguf.py), what goes in (model_quantize.py).
+
+The layout is llama.cpp's (gguf.cpp): version 3; metadata in the order given; tensor offsets
+and the data section aligned to `general.alignment` (32), zero padding after each tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+GGUF_VERSION = 3
+_U32, _STRING = 4, 8
+
+
+def _string(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_u32(key: str, value: int) -> bytes:
+    return _string(key) + struct.pack("<II", _U32, value)
+
+
+def kv_string(key: str, value: str) -> bytes:
+    return _string(key) + struct.pack("<I", _STRING) + _string(value)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    shape: tuple[int, ...]  # ggml order, ne0 first
+    ggml_type: T
+
+    @property
+    def nbytes(self) -> int:
+        block, size = GGML_QUANT_SIZES[self.ggml_type]
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n // block * size
+
+
+def _pad(n: int, alignment: int) -> int:
+    return -n % alignment
+
+
+class GGUFOutput:
+    """`with GGUFOutput(path, kvs, tensors) as out: out.write(chunk)...`: the tensors' bytes in
+    directory order; the file appears at `path` when the block ends without an error and every
+    tensor is complete."""
+
+    def __init__(self, path: str | os.PathLike, kvs: list[bytes], tensors: list[TensorEntry],
+                 alignment: int = 32):
+        self.path = os.fspath(path)
+        self.tensors, self.alignment = tensors, alignment
+        self._kvs = kvs
+        self._index, self._written = 0, 0  # tensor being written, its bytes so far
+        self._file = None
+
+    def __enter__(self) -> GGUFOutput:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        fd, self._tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(self.path) + ".",
+                                         suffix=".part")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
+        self._file = os.fdopen(fd, "wb")
+        try:
+            self._file.write(self._header())
+        except BaseException:
+            self._discard()
+            raise
+        return self
+
+    def _header(self) -> bytes:
+        out = bytearray(b"GGUF" + struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self._kvs)))
+        for kv in self._kvs:
+            out += kv
+        offset = 0
+        for t in self.tensors:
+            out += _string(t.name) + struct.pack("<I", len(t.shape))
+            out += b"".join(struct.pack("<Q", d) for d in t.shape)
+            out += struct.pack("<IQ", int(t.ggml_type), offset)
+            offset += t.nbytes + _pad(t.nbytes, self.alignment)
+        return bytes(out + b"\0" * _pad(len(out), self.alignment))
+
+    def write(self, chunk) -> None:
+        """The next bytes of the current tensor (any buffer); padding follows the last."""
+        t = self.tensors[self._index]
+        n = memoryview(chunk).nbytes
+        if self._written + n > t.nbytes:
+            raise ValueError(f"tensor {t.name!r}: {self._written + n} bytes written, it has {t.nbytes}")
+        self._file.write(chunk)
+        self._written += n
+        if self._written == t.nbytes:
+            self._file.write(b"\0" * _pad(t.nbytes, self.alignment))
+            self._index, self._written = self._index + 1, 0
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            if self._index != len(self.tensors):
+                raise ValueError(f"{self.path}: only {self._index} of {len(self.tensors)} tensors were written")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self._tmp)
+        except OSError:
+            pass
