@@ -110,8 +110,11 @@ class QuantPlan:
 
 
 def file_type(name: str) -> tuple[str, FT, T]:
-    """A file type name (any case; Q4_K and Q5_K are Q4_K_M and Q5_K_M, as in llama-quantize)."""
+    """A file type name (any case; Q4_K and Q5_K are Q4_K_M and Q5_K_M, as in llama-quantize)
+    or its general.file_type number -> (name, file type, default tensor type)."""
     key = ALIASES.get(name.upper(), name.upper())
+    if key.isdigit():  # llama-quantize also takes the general.file_type number
+        key = next((k for k, (ft, _) in FILE_TYPES.items() if int(ft) == int(key)), key)
     if key not in FILE_TYPES:
         raise QuantizeError(f"unknown quantization type {name!r}; choose one of "
                             f"{', '.join(FILE_TYPES)} (Q4_K and Q5_K mean Q4_K_M and Q5_K_M)")
