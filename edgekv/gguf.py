@@ -85,6 +85,27 @@ class _Cursor:
         except UnicodeDecodeError:
             raise GGUFError(f"{self.path}: {what} at offset {start} is not valid UTF-8") from None
 
+    def strings(self, count: int, what: str) -> list[str]:
+        # string() in a loop, inlined: a vocabulary holds 50k-260k of them
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        length = struct.Struct("<Q").unpack_from
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.take(8, f"{what}[{i}] length")
+            n = length(buf, pos)[0]
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                self.take(n, f"{what}[{i}]")
+            try:
+                out.append(buf[pos:pos + n].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise GGUFError(f"{self.path}: {what}[{i}] at offset {pos} is not valid UTF-8") from None
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype][0], what)
@@ -105,7 +126,7 @@ class _Cursor:
         if etype == _STRING:
             if count * 8 > self.size - self.pos:  # each string takes 8 bytes at least
                 raise GGUFError(f"{self.path}: {what} claims {count} strings, more than the file could hold")
-            return [self.string(f"{what}[{i}]") for i in range(count)]
+            return self.strings(count, what)
         if etype == _ARRAY:
             if count * 12 > self.size - self.pos:  # each nested array takes 12 bytes at least
                 raise GGUFError(f"{self.path}: {what} claims {count} nested arrays, more than the file could hold")
