@@ -30,7 +30,6 @@ from .errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
 
 BASE = ("f16", "f16")
-DEFAULT_TYPES = "f16,q8_0,q5_0,q4_0,q8_0/q4_0,iq4_cal"
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def test_this_machine_has_a_figure():
 
 
 def test_edgekv_mem_says_which_figure_the_budget_came_from(capsys, smollm2_path, monkeypatch):
-    monkeypatch.setattr("edgekv.cli.mem.free_memory", lambda: memory.FreeMemory(4 * GiB, "cgroup v2 memory.max (test)"))
+    monkeypatch.setattr("edgekv.memory.free_memory", lambda: memory.FreeMemory(4 * GiB, "cgroup v2 memory.max (test)"))
     assert main(["mem", "-m", str(smollm2_path), "-c", "auto"]) == 0
     out = capsys.readouterr().out
     weights = context.weight_bytes(GGUFFile(smollm2_path))

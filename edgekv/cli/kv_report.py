@@ -11,13 +11,14 @@ import os
 import sys
 import time
 
-from ..context import format_bytes
 from ..errors import EdgeKVError
 from .common import add_backend_option, mem_size, non_negative_int, positive_int, read_text_file
 
 
+DEFAULT_TYPES = "f16,q8_0,q5_0,q4_0,q8_0/q4_0,iq4_cal"  # --types
+
+
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from ..kv_report import DEFAULT_TYPES
 
     p = sub.add_parser("kv-report", parents=[common], help="what each KV cache type costs in quality, memory, speed",
                        description="For each K/V cache type pair: perplexity, mean KL divergence from the f16 "
@@ -116,6 +117,8 @@ def layer_scan(model, tokens, args: argparse.Namespace) -> list:
 
 def table(pairs, quality, stores, speed, front, args) -> str:
     """The Markdown table: one row per pair, the base first."""
+    from ..context import format_bytes
+
     budget = format_bytes(args.mem_budget)
     head = ["K", "V", "bits/value", "KV bytes/token", "PPL", "mean KLD", "same top", f"max ctx in {budget}"]
     if speed:

@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import context
-from ..mem_report import format_memory_report, memory_report
-from ..catalog import resolve_model
 from ..errors import EdgeKVError
-from ..gguf import GGUFFile
-from ..memory import free_memory
 from .common import ctx_size, non_negative_int, positive_int
 
 
@@ -43,6 +38,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def mem(args: argparse.Namespace) -> int:
+    from .. import context
+    from ..catalog import resolve_model
+    from ..gguf import GGUFFile
+    from ..mem_report import format_memory_report, memory_report
+    from ..memory import free_memory
+
     g = GGUFFile(resolve_model(args.model))
     hp = context.read_hparams(g)
     windows = None

@@ -11,8 +11,6 @@ import argparse
 import sys
 import time
 
-from ..context import parse_layer_windows
-from ..perplexity import compute, count_chunks
 from .common import add_kv_options, add_model_options, read_text_file
 
 
@@ -27,8 +25,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..context import parse_layer_windows
     from ..kernels.config import set_num_threads
     from ..loader import load
+    from ..perplexity import compute, count_chunks
 
     text = read_text_file(args.file)
     if args.threads is not None:

@@ -18,7 +18,7 @@ from .common import add_kv_options, add_model_options, json_object, make_llama, 
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from ..server import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE
+    from ..server.limits import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE
 
     p = sub.add_parser("serve", parents=[common], help="serve a model over an OpenAI-compatible HTTP API",
                        description="Serve one model over HTTP: POST /v1/chat/completions, /v1/completions, "

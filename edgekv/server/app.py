@@ -33,13 +33,12 @@ from starlette.routing import Route
 
 from ..api.responses import usage
 from ..errors import ContextFullError, EdgeKVError
+from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE
 from .requests import (ApiError, chat_messages, chat_template_options, completion_prompt, field, sampling_options,
                        stream_flags)
 
 log = logging.getLogger("edgekv")
 
-DEFAULT_MAX_QUEUE = 16  # requests that may wait while one generates
-DEFAULT_MAX_BODY = 1 << 20  # bytes of request JSON
 _END = object()  # a job's last item
 
 
