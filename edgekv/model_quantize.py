@@ -16,6 +16,7 @@ output per tensor).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -27,10 +28,12 @@ from . import quants
 from .errors import QuantizeError
 from .gguf import GGUFFile
 from .gguf_write import GGUFOutput, TensorEntry, kv_u32
+from .kernels.jit_cache import kernels_cached, mark_warm
 from .quantize_plan import QUANTIZED, Options, QuantPlan, TensorPlan, plan_quantization
 
 SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION
+log = logging.getLogger("edgekv")
 _DROPPED = ("general.quantization_version", "general.file_type", "split.no", "split.count", "split.tensors.count")
 
 
@@ -111,6 +114,9 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     if os.path.abspath(src) == os.path.abspath(dst):
         raise QuantizeError(f"{dst}: the output would overwrite the input; choose another name")
     entries = [TensorEntry(t.name, t.shape, t.dst_type) for t in plan.tensors]
+    first_use = not kernels_cached("quantize")
+    if first_use:
+        log.warning("compiling the quantizers for this CPU on first use (about a minute, once per install)")
     t0 = time.perf_counter()
     bar = _progress_bar(after, progress)
     with GGUFOutput(dst, output_metadata(g, plan), entries, int(g.get("general.alignment", 32))) as out:
@@ -120,6 +126,8 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
                 out.write(chunk)
             bar.update(t.nbytes(t.dst_type))
     bar.close()
+    if first_use:
+        mark_warm("quantize")
     return QuantResult(plan, n_elements, before, after, time.perf_counter() - t0)
 
 
