@@ -12,7 +12,8 @@ llama.cpp computes it.
 Only the scored half of a chunk asks for logits, in pieces of at most LOGIT_ROWS rows, so
 a 262k vocabulary needs ~130 MB of logits rather than n_ctx full rows.
 What does not live here: the commands (cli/perplexity.py; kv_report.py compares cache types
-with the same chunks), the forward pass (models/, session.py).
+with the same chunks), KL divergence against a saved base (kl_divergence.py), the forward
+pass (models/, session.py).
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ def chunk_logits(session, chunk: Sequence[int], bos_id: int | None) -> Iterator[
         yield session.eval(inputs[start:stop], all_logits=True), targets[start + 1 : stop + 1]
 
 
-def chunk_nll(session, chunk: Sequence[int], bos_id: int | None) -> np.ndarray:
-    """NLL of the scored tokens of one chunk (n_ctx tokens), evaluated from an empty cache."""
-    return np.concatenate([token_nll(rows, targets) for rows, targets in chunk_logits(session, chunk, bos_id)])
-
-
 def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1) -> int:
     """Chunks the method scores; raises llama.cpp's errors for too little text."""
     if n_ctx < 3:
@@ -81,15 +77,22 @@ def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1) -> int:
 
 
 def compute(session, tokens: Sequence[int], n_ctx: int, bos_id: int | None, max_chunks: int = -1,
-            on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+            on_chunk: Callable[[int, float], None] | None = None,
+            on_rows: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
     """Run the method over `tokens` (already tokenized, BOS included when the model adds it).
-    bos_id: the token that replaces each chunk's first one, None when the model adds no BOS."""
+    bos_id: the token that replaces each chunk's first one, None when the model adds no BOS.
+    on_rows: given the logits of the scored positions, in order (saving a KL-divergence base)."""
     n_chunks = count_chunks(len(tokens), n_ctx, max_chunks)
     nll = nll2 = 0.0
     count = 0
     running = []
     for i in range(n_chunks):
-        values = chunk_nll(session, tokens[i * n_ctx : (i + 1) * n_ctx], bos_id)
+        parts = []
+        for rows, targets in chunk_logits(session, tokens[i * n_ctx : (i + 1) * n_ctx], bos_id):
+            if on_rows is not None:
+                on_rows(rows)
+            parts.append(token_nll(rows, targets))
+        values = np.concatenate(parts)
         nll += float(values.sum())
         nll2 += float((values * values).sum())
         count += values.size
