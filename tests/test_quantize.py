@@ -12,13 +12,12 @@ output files from the command line are compared. Errors are checked on a tiny mo
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCE_DIR
+from conftest import REFERENCE_DIR, load_tool
 
 from edgekv.cli import main
 from edgekv.gguf import GGUFFile
@@ -36,15 +35,11 @@ def reference(model: str) -> dict:
 
 
 def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+    return load_tool("make_quantize_reference").file_sha(path)
 
 
 def short_sha(data) -> str:
-    return hashlib.sha256(memoryview(data)).hexdigest()[:16]
+    return load_tool("make_quantize_reference").sha(data)
 
 
 def options(label: str) -> tuple[str, Options]:

@@ -212,6 +212,14 @@ def requantize_groups(x, dst, o, d, dmin, nmax, L):
 
 
 @nb.njit(**EXACT_FLAGS)
+def k4_block(xb, dst, o, nmax, rmin, nstep, L, scales, mins):
+    # one Q4_K/Q5_K super-block's scales into dst[o:o+16] and its levels into L
+    max_scale, max_min = group_scales(xb, nmax, rmin, nstep, L, scales, mins)
+    d, dmin = put_scales_k4(dst, o, max_scale, max_min, scales, mins)
+    requantize_groups(xb, dst, o, d, dmin, nmax, L)
+
+
+@nb.njit(**EXACT_FLAGS)
 def quantize_row_q4_k(x, dst):
     # x: f32[n], n % 256 == 0 -> dst: u8[n/256 * 144] (d, dmin, scales[12], qs[128])
     L = np.empty(QK_K, np.uint8)
@@ -220,9 +228,7 @@ def quantize_row_q4_k(x, dst):
     for b in range(x.size // QK_K):
         xb = x[QK_K * b:QK_K * (b + 1)]
         o = 144 * b
-        max_scale, max_min = group_scales(xb, 15, F32(-1.0), 20, L, scales, mins)
-        d, dmin = put_scales_k4(dst, o, max_scale, max_min, scales, mins)
-        requantize_groups(xb, dst, o, d, dmin, 15, L)
+        k4_block(xb, dst, o, 15, F32(-1.0), 20, L, scales, mins)
         for j in range(0, QK_K, 64):
             for i in range(32):
                 dst[o + 16 + j // 2 + i] = L[j + i] | (L[j + i + 32] << 4)
@@ -237,9 +243,7 @@ def quantize_row_q5_k(x, dst):
     for b in range(x.size // QK_K):
         xb = x[QK_K * b:QK_K * (b + 1)]
         o = 176 * b
-        max_scale, max_min = group_scales(xb, 31, F32(-0.5), 15, L, scales, mins)
-        d, dmin = put_scales_k4(dst, o, max_scale, max_min, scales, mins)
-        requantize_groups(xb, dst, o, d, dmin, 31, L)
+        k4_block(xb, dst, o, 31, F32(-0.5), 15, L, scales, mins)
         qh = dst[o + 16:o + 48]
         qh[:] = 0
         for k in range(4):
