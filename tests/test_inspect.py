@@ -48,6 +48,7 @@ def test_the_text_report(smollm2_path, capsys):
     out = capsys.readouterr().out
     assert "architecture llama" in out and "272 tensors" in out and "134,515,008 parameters" in out
     assert "llama.attention.layer_norm_rms_epsilon = 1e-05" in out
+    assert "general.file_type = 3 (MOSTLY_Q4_1)" in out  # the number, and what gguf-py calls it
     assert '(49152 items)' in out and "blk.0.attn_q.weight" in out and "Q4_1" in out
     assert "<|im_start|>" in out and out.rstrip().endswith("problems: none (edgekv can load this file)")
 

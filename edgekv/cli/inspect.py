@@ -58,7 +58,7 @@ def text_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"GGUF version {r['version']}, architecture {r['architecture']}, {len(r['metadata'])} "
                      f"metadata keys, {len(r['tensors'])} tensors, {r['values']:,} parameters, "
                      f"{r['tensor_bytes']:,} bytes of tensor data")
-        lines += ["", "metadata:"] + [f"  {k} = {_value(v)}" for k, v in r["metadata"].items()]
+        lines += ["", "metadata:"] + [f"  {k} = {_value(v)}{_file_type_name(k, v)}" for k, v in r["metadata"].items()]
         width = max((len(t["name"]) for t in r["tensors"]), default=4)
         lines += ["", f"tensors:\n  {'name'.ljust(width)}  {'type':<6} {'shape':<20} {'bytes':>14}  bits/weight"]
         lines += [f"  {t['name'].ljust(width)}  {t['type']:<6} {str(t['shape']):<20} {t['bytes']:>14,}  "
@@ -78,3 +78,15 @@ def text_lines(r: dict[str, Any]) -> list[str]:
     lines += ["", f"problems: {len(problems)}" if problems else "problems: none (edgekv can load this file)"]
     lines += [f"  - {p}" for p in problems]
     return lines
+
+
+def _file_type_name(key: str, value: Any) -> str:
+    # general.file_type is a number; say which (" (MOSTLY_Q4_K_M)")
+    if key != "general.file_type" or not isinstance(value, int):
+        return ""
+    from gguf import LlamaFileType
+
+    try:
+        return f" ({LlamaFileType(value).name})"
+    except ValueError:
+        return " (unknown file type)"
