@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 
 from . import quants
 from .errors import QuantizeError
@@ -60,6 +61,12 @@ def check_plan(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
     for t in plan.tensors:
         if not t.converts:
             continue
+        block = GGML_QUANT_SIZES[t.dst_type][0]
+        if t.shape[0] % block:  # only a type given by flag skips the fallbacks
+            raise QuantizeError(
+                f"{g.path}: tensor {t.name!r} has rows of {t.shape[0]} values, not a whole number of "
+                f"{t.dst_type.name}'s {block}-value blocks; give --output-tensor-type / --token-embedding-type "
+                f"a type with 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) or F16")
         if t.src_type in QUANTIZED and not opts.allow_requantize:
             raise QuantizeError(
                 f"{g.path}: tensor {t.name!r} is already {t.src_type.name}; quantizing it again loses "

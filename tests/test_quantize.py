@@ -236,3 +236,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_model, tmp_path, capsys
 def test_bad_tensor_type_flag(tiny_model, tmp_path, capsys):
     rc, err = run_cli(capsys, "--output-tensor-type", "q9_9", tiny_model(), tmp_path / "o.gguf", "Q8_0")
     assert rc == 1 and "--output-tensor-type" in err and "Q6_K" in err
+    # a type by flag gets no fallback: 64-value rows do not take Q6_K's 256-value blocks
+    rc, err = run_cli(capsys, "--token-embedding-type", "q6_k", tiny_model(), tmp_path / "o.gguf", "Q8_0")
+    assert rc == 1 and "token_embd.weight" in err and "256-value blocks" in err
+    assert list(tmp_path.iterdir()) == []
