@@ -30,6 +30,7 @@ log = logging.getLogger("edgekv")
 OVERFLOW_POLICIES = ("none", "shift", "stream", "keep")
 STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given (`stream`, `keep`)
 STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time (`keep`: up to as many)
+MAX_ENDS = 2  # prompt-end logits a session keeps (see Session._ends)
 # The kinds of forward pass each model has run in this process. Numba loads (or compiles) a
 # kernel on its first call, and a KeyboardInterrupt inside its loader leaves Numba broken
 # (RuntimeError on the next call, a segfault later: test_interrupts.py found both), so the
@@ -113,6 +114,11 @@ class Session:
         self._spare_logits = np.zeros((1, hp.n_vocab), np.float32)  # written, then swapped in on success
         self._last_row = np.zeros(1, np.int64)
         self._has_logits = False
+        # logits after the last token of recent multi-token chunks (prompts), by token count:
+        # asking the same prompt again reuses them instead of replaying its last token, whose
+        # logits a one-token pass computes in the decode kernels' order, not the prefill's
+        # (on CPUs without int8 dot products the two differ in the last bits: a near-tie can flip)
+        self._ends: dict[int, np.ndarray] = {}
         self.n_evaluated = 0  # tokens run through the model since creation (for reuse accounting)
         # tokens the overflow policy dropped since the last reset: while > 0, `tokens` is no
         # longer the start of the conversation (Llama's chat then appends instead of re-rendering)
@@ -139,6 +145,7 @@ class Session:
             self.cache.clear()
             self.tokens.clear()
             self._has_logits = False
+            self._ends.clear()
             self.n_discarded = 0
 
     def truncate(self, n_tokens: int) -> None:
@@ -148,6 +155,7 @@ class Session:
             self.cache.truncate(n_tokens)
             del self.tokens[n_tokens:]
             self._has_logits = False
+            self._ends = {n: row for n, row in self._ends.items() if n <= n_tokens}
 
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray | None:
         """Append ids to the session and run them through the model.
@@ -207,6 +215,7 @@ class Session:
         self.tokens[:] = np.asarray(self.tokens)[kept].tolist()
         self.n_discarded += drop.size
         self.last_evicted = drop
+        self._ends.clear()  # positions moved
 
     def _to_evict(self, need: int, keep: int, movable: int) -> np.ndarray:
         """The positions the policy drops to free at least `need` slots, sorted."""
@@ -243,11 +252,18 @@ class Session:
                 raise NumericalError("the model produced NaN or infinite logits; the input was not added to the "
                                      f"session: {self.model.explain_non_finite()}")
             self.cache.commit(res)
+            if chunk.size > 1:
+                self._remember_end(len(self.tokens) + chunk.size, logits[rows.size - 1])
             if logits is self._spare_logits:
                 self._last_logits, self._spare_logits = self._spare_logits, self._last_logits
             self.tokens.extend(int(t) for t in chunk)
             self.n_evaluated += chunk.size
             self._has_logits = True
+
+    def _remember_end(self, n_tokens: int, row: np.ndarray) -> None:
+        if len(self._ends) >= MAX_ENDS:
+            del self._ends[next(iter(self._ends))]
+        self._ends[n_tokens] = row.copy()
 
     def common_prefix(self, ids: Sequence[int]) -> int:
         n = 0
@@ -288,6 +304,7 @@ class Session:
             self.cache.set_attention_by_position(state.attention, state.attention_seen)
             self.tokens[:] = state.tokens
             self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
+            self._ends.clear()
             self._has_logits = state.logits is not None
             if state.logits is not None:
                 self._last_logits[0] = state.logits
@@ -322,6 +339,12 @@ class Session:
             raise EdgeKVError("cannot evaluate an empty prompt")
         keep = self.common_prefix(ids)
         if keep == len(ids) == len(self.tokens) and self._has_logits:
+            return
+        if keep == len(ids) in self._ends and self.cache.reusable_prefix(keep) == keep:
+            row = self._ends[keep]
+            self.truncate(keep)  # the tokens after the prompt; its logits as first computed
+            self._last_logits[0] = row
+            self._has_logits = True
             return
         keep = self.cache.reusable_prefix(min(keep, len(ids) - 1))  # replay the last token for its logits
         self.truncate(keep)

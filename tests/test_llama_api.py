@@ -138,7 +138,7 @@ def test_completion_dict_and_usage(llm):
 def test_prefix_reuse_evaluates_only_new_tokens(llm):
     llm("The quick brown fox", max_tokens=3, temperature=0.0)
     llm("The quick brown fox", max_tokens=3, temperature=0.0)
-    assert llm.last_stats.prompt_eval_tokens == 1  # the last prompt token is replayed for its logits
+    assert llm.last_stats.prompt_eval_tokens == 0  # its logits are kept from its first evaluation
     llm("The quick brown fox jumps", max_tokens=1, temperature=0.0)
     n_new = len(llm.tokenize("The quick brown fox jumps", special=True)) - len(
         llm.tokenize("The quick brown fox", special=True))

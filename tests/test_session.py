@@ -81,3 +81,25 @@ def test_state_of_another_model_names_the_mismatch(tiny_model):
     with pytest.raises(EdgeKVError, match="n_layers=2 into a session with n_layers=7"):
         gemma.restore(llama.snapshot())
     assert gemma.n_tokens == 0
+
+
+def test_asking_the_same_prompt_again_gives_its_first_logits(tiny_model):
+    # the prompt (a 70-token chunk: the batch kernels) is followed by generated tokens; asked
+    # again, the session drops those and gives back the prompt's logits as computed the first
+    # time, bit for bit, without replaying its last token through the one-token kernels (whose
+    # last bits differ on CPUs without int8 dot products); a fresh session agrees
+    prompt = (PROMPT * 7)[:70]
+    s = load(tiny_model(weight_type="Q4_0")).session(n_ctx=128)
+    s.prefill(prompt)
+    first = s.logits.copy()
+    greedy(s, 5)
+    evaluated = s.n_evaluated
+    s.prefill(prompt)
+    assert s.n_evaluated == evaluated and s.tokens == prompt
+    np.testing.assert_array_equal(s.logits, first)
+    fresh = load(tiny_model(weight_type="Q4_0")).session(n_ctx=128)
+    fresh.prefill(prompt)
+    np.testing.assert_array_equal(fresh.logits, first)
+    s.truncate(40)  # below the remembered end: the next ask evaluates again
+    s.prefill(prompt)
+    assert s.n_evaluated == evaluated + 30
