@@ -41,6 +41,12 @@ _SCALARS = {0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.uint16), 3: ("
 _STRING, _ARRAY = 8, 9
 
 
+def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    """Bytes of a tensor of this shape (ggml order) and type; Python ints, no wrap-around."""
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return math.prod(shape) // block * type_size
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor: ggml shape order (ne[0] is the contiguous row length) and raw bytes."""

@@ -18,8 +18,9 @@ import struct
 import tempfile
 from dataclasses import dataclass
 
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+
+from .gguf import tensor_nbytes
 
 GGUF_VERSION = 3
 _U32, _STRING = 4, 8
@@ -46,11 +47,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        block, size = GGML_QUANT_SIZES[self.ggml_type]
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n // block * size
+        return tensor_nbytes(self.shape, self.ggml_type)
 
 
 def _pad(n: int, alignment: int) -> int:

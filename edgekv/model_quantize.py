@@ -23,14 +23,13 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
 
 from . import quants
 from .errors import QuantizeError
 from .gguf import GGUFFile
 from .gguf_write import GGUFOutput, TensorEntry, kv_u32
 from .kernels.jit_cache import kernels_cached, mark_warm
-from .quantize_plan import QUANTIZED, Options, QuantPlan, TensorPlan, plan_quantization
+from .quantize_plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization
 
 SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION
@@ -61,7 +60,7 @@ def check_plan(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
     for t in plan.tensors:
         if not t.converts:
             continue
-        block = GGML_QUANT_SIZES[t.dst_type][0]
+        block = block_size(t.dst_type)
         if t.shape[0] % block:  # only a type given by flag skips the fallbacks
             raise QuantizeError(
                 f"{g.path}: tensor {t.name!r} has rows of {t.shape[0]} values, not a whole number of "

@@ -19,6 +19,7 @@ that does not fit.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as FT
 
 from .errors import QuantizeError
+from .gguf import tensor_nbytes
 
 QUANTIZED = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 
@@ -80,14 +82,10 @@ class TensorPlan:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def nbytes(self, ggml_type: T) -> int:
-        block, size = GGML_QUANT_SIZES[ggml_type]
-        return self.n_elements // block * size
+        return tensor_nbytes(self.shape, ggml_type)
 
     @property
     def converts(self) -> bool:
