@@ -28,20 +28,13 @@ from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as FT
 
 from .errors import QuantizeError
+from .file_types import ALIASES, FILE_TYPE_NAMES
 from .gguf import tensor_nbytes
 
 QUANTIZED = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 
 # name -> (general.file_type, the type of a tensor no rule touches)
-FILE_TYPES: dict[str, tuple[FT, T]] = {
-    "F32": (FT.ALL_F32, T.F32), "F16": (FT.MOSTLY_F16, T.F16), "BF16": (FT.MOSTLY_BF16, T.BF16),
-    "Q8_0": (FT.MOSTLY_Q8_0, T.Q8_0), "Q4_0": (FT.MOSTLY_Q4_0, T.Q4_0), "Q4_1": (FT.MOSTLY_Q4_1, T.Q4_1),
-    "Q5_0": (FT.MOSTLY_Q5_0, T.Q5_0), "Q5_1": (FT.MOSTLY_Q5_1, T.Q5_1),
-    "Q4_K_S": (FT.MOSTLY_Q4_K_S, T.Q4_K), "Q4_K_M": (FT.MOSTLY_Q4_K_M, T.Q4_K),
-    "Q5_K_S": (FT.MOSTLY_Q5_K_S, T.Q5_K), "Q5_K_M": (FT.MOSTLY_Q5_K_M, T.Q5_K),
-    "Q6_K": (FT.MOSTLY_Q6_K, T.Q6_K),
-}
-ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize names them
+FILE_TYPES: dict[str, tuple[FT, T]] = {name: (FT[ft], T[t]) for name, (ft, t) in FILE_TYPE_NAMES.items()}
 TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, *sorted(QUANTIZED))}
 FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..quantize_plan import ALIASES, FILE_TYPES
+from ..file_types import ALIASES, FILE_TYPE_NAMES
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    types = ", ".join(FILE_TYPES) + " (" + ", ".join(f"{a} = {b}" for a, b in ALIASES.items()) + ")"
+    types = ", ".join(FILE_TYPE_NAMES) + " (" + ", ".join(f"{a} = {b}" for a, b in ALIASES.items()) + ")"
     p = sub.add_parser(
         "quantize", parents=[common], help="quantize a GGUF model to another type or mixture",
         description="Write IN's model with its weights in TYPE: " + types + ". The mixtures (Q4_K_M, ...) "
