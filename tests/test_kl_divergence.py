@@ -22,8 +22,10 @@ from edgekv.cli import main
 from edgekv.kl_divergence import BaseFile, KLDStats, decode_rows, encode_rows, row_width
 
 TEXT = REFERENCE_DIR / "gpl3.txt"
+# the figures held to llama-perplexity's: not the extreme quantiles of a few hundred tokens,
+# nor RMS Δp (0.018% there), small enough for the compared side's 16-bit storage to move it
 FIGURES = ("Mean PPL(Q)", "Mean PPL(base)", "Mean PPL(Q)/PPL(base)", "Mean    KLD", "Median  KLD",
-           "90.0%   KLD", "95.0%   KLD", "99.0%   KLD", "RMS Δp", "Same top p")
+           "90.0%   KLD", "95.0%   KLD", "99.0%   KLD", "Same top p")
 
 
 def reference() -> dict:
@@ -69,7 +71,7 @@ def test_statistics_from_llama_perplexity_files_equal_its_own(capsys):
         targets = np.asarray(base.tokens[c * base.n_ctx + first + 1:(c + 1) * base.n_ctx], np.int64)
         stats.add(decode_rows(np.asarray(other.rows[c]), base.n_vocab), np.asarray(base.rows[c]), targets)
     ours = load_tool("make_kld_reference").parse_statistics("\n".join(stats.report()))
-    far = {k: (ours[k], ref["statistics"][k]) for k in FIGURES[:-2] + ("Same top p",)
+    far = {k: (ours[k], ref["statistics"][k]) for k in FIGURES
            if abs(np.atleast_1d(ours[k])[0] - np.atleast_1d(ref["statistics"][k])[0])
            > 0.02 * abs(np.atleast_1d(ref["statistics"][k])[0])}
     assert not far, f"(edgekv, llama-perplexity): {far}"
