@@ -2,9 +2,8 @@
 
 What lives here: encoding metadata entries (`kv_u32`, `kv_string`; entries copied from
 another file pass through as their raw bytes, `GGUFFile.raw_kv`), and `GGUFOutput`, which
-writes the header and tensor directory, then each tensor's bytes as they are produced, into a
-temporary file beside the destination that becomes the destination only when every tensor is
-in (`os.replace`). On any error, disk full included, the temporary file is removed and no
+writes the header and tensor directory, then each tensor's bytes as they are produced, into an
+AtomicFile (atomic_file.py) that becomes the destination only when every tensor is in. On any error, disk full included, the temporary file is removed and no
 partial output is left. What does not: reading (gguf.py), what goes in (model_quantize.py).
 
 The layout is llama.cpp's (gguf.cpp): version 3; metadata in the order given; tensor offsets
@@ -15,11 +14,11 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
 
+from .atomic_file import AtomicFile
 from .gguf import tensor_nbytes
 
 GGUF_VERSION = 3
@@ -68,17 +67,11 @@ class GGUFOutput:
         self._file = None
 
     def __enter__(self) -> GGUFOutput:
-        folder = os.path.dirname(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(self.path) + ".",
-                                         suffix=".part")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would outlive the rename
-        self._file = os.fdopen(fd, "wb")
+        self._file = AtomicFile(self.path)
         try:
             self._file.write(self._header())
         except BaseException:
-            self._discard()
+            self._file.discard()
             raise
         return self
 
@@ -108,25 +101,9 @@ class GGUFOutput:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._discard()
+            self._file.discard()
             return
-        try:
-            if self._index != len(self.tensors):
-                raise ValueError(f"{self.path}: only {self._index} of {len(self.tensors)} tensors were written")
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            os.replace(self._tmp, self.path)
-        except BaseException:
-            self._discard()
-            raise
-
-    def _discard(self) -> None:
-        try:
-            self._file.close()
-        except OSError:
-            pass
-        try:
-            os.unlink(self._tmp)
-        except OSError:
-            pass
+        if self._index != len(self.tensors):
+            self._file.discard()
+            raise ValueError(f"{self.path}: only {self._index} of {len(self.tensors)} tensors were written")
+        self._file.commit()

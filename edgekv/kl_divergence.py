@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .atomic_file import AtomicFile
 from .errors import EdgeKVError
 
 MAGIC = b"_logits_"
@@ -65,24 +66,28 @@ def decode_rows(stored: np.ndarray, n_vocab: int) -> np.ndarray:
 
 class BaseWriter:
     """`--kl-divergence-base FILE` without `--kl-divergence`: the header and tokens at once,
-    then each chunk's rows; the file appears under its name when every chunk is in."""
+    then each chunk's rows; `with BaseWriter(...) as w:` the file appears under its name when
+    the block ends without an error (atomic_file.py)."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int, n_vocab: int, tokens, n_chunks: int):
-        self.path, self.n_vocab = os.fspath(path), n_vocab
-        self._tmp = self.path + ".part"
-        self._f = open(self._tmp, "wb")
-        self._f.write(MAGIC + struct.pack("<iii", n_ctx, n_vocab, n_chunks))
-        self._f.write(np.asarray(tokens[:n_chunks * n_ctx], dtype="<i4").tobytes())
+        self._header = MAGIC + struct.pack("<iii", n_ctx, n_vocab, n_chunks)
+        self._tokens = np.asarray(tokens[:n_chunks * n_ctx], dtype="<i4")
+        self.path = os.fspath(path)
+
+    def __enter__(self) -> BaseWriter:
+        self._file = AtomicFile(self.path)
+        self._file.write(self._header)
+        self._file.write(self._tokens.tobytes())
+        return self
 
     def add(self, rows: np.ndarray) -> None:
-        self._f.write(encode_rows(rows).astype("<u2").tobytes())
+        self._file.write(encode_rows(rows).astype("<u2").tobytes())
 
-    def close(self, ok: bool = True) -> None:
-        self._f.close()
-        if ok:
-            os.replace(self._tmp, self.path)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self._file.commit()
         else:
-            os.unlink(self._tmp)
+            self._file.discard()
 
 
 class BaseFile:

@@ -73,20 +73,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"perplexity: {per_pass:.2f} seconds per pass", file=sys.stderr, flush=True)
         print(f"[{i + 1}]{ppl:.4f},", end="", flush=True)
 
-    writer = None
+    bos = tok.bos_id if tok.add_bos else None
     if args.kl_divergence_base:
         from ..kl_divergence import BaseWriter
 
-        writer = BaseWriter(args.kl_divergence_base, n_ctx, model.hp.n_vocab, tokens, n_chunks)
-    try:
-        result = compute(session, tokens, n_ctx, tok.bos_id if tok.add_bos else None, args.chunks, progress,
-                         writer.add if writer else None)
-    except BaseException:
-        if writer:
-            writer.close(ok=False)
-        raise
-    if writer:
-        writer.close()
+        with BaseWriter(args.kl_divergence_base, n_ctx, model.hp.n_vocab, tokens, n_chunks) as writer:
+            result = compute(session, tokens, n_ctx, bos, args.chunks, progress, writer.add)
+    else:
+        result = compute(session, tokens, n_ctx, bos, args.chunks, progress)
     print()
     print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.uncertainty:.5f}", flush=True)
     return 0
