@@ -35,6 +35,15 @@ class AtomicFile:
             self.discard()
             raise
 
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
     def discard(self) -> None:
         try:
             self.file.close()

@@ -55,3 +55,9 @@ class StateFileError(EdgeKVError):
 class QuantizeError(EdgeKVError):
     """A quantization that cannot be done as asked: an unknown type, a quantized source
     without --allow-requantize, a source that is not a model file."""
+
+
+class ConvertError(EdgeKVError):
+    """A Hugging Face checkpoint that cannot be converted as asked (or a GGUF that cannot be
+    turned back into one): a missing or corrupt file, an architecture or tokenizer edgekv does
+    not know. The message says what to do."""

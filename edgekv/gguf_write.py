@@ -1,6 +1,6 @@
 """Writing a GGUF file tensor by tensor, all or nothing.
 
-What lives here: encoding metadata entries (`kv_u32`, `kv_string`; entries copied from
+What lives here: encoding metadata entries (`kv_u32`, `kv_string`, `kv_entry` for any type; entries copied from
 another file pass through as their raw bytes, `GGUFFile.raw_kv`), and `GGUFOutput`, which
 writes the header and tensor directory, then each tensor's bytes as they are produced, into an
 AtomicFile (atomic_file.py) that becomes the destination only when every tensor is in. On any error, disk full included, the temporary file is removed and no
@@ -36,6 +36,26 @@ def kv_u32(key: str, value: int) -> bytes:
 
 def kv_string(key: str, value: str) -> bytes:
     return _string(key) + struct.pack("<I", _STRING) + _string(value)
+
+
+# GGUF value type -> struct format (gguf.cpp's gguf_type)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_ARRAY = 9
+
+
+def _value(value, vtype: int, sub_type: int | None) -> bytes:
+    if vtype == _STRING:
+        return _string(value) if isinstance(value, str) else struct.pack("<Q", len(value)) + bytes(value)
+    if vtype == _ARRAY:
+        items = list(value)
+        return struct.pack("<IQ", sub_type, len(items)) + b"".join(_value(v, sub_type, None) for v in items)
+    return struct.pack(_SCALARS[vtype], value)
+
+
+def kv_entry(key: str, value, vtype: int, sub_type: int | None = None) -> bytes:
+    """One metadata entry of any GGUF value type (arrays of scalars or strings; a string given
+    as bytes is written as they are)."""
+    return _string(key) + struct.pack("<I", vtype) + _value(value, vtype, sub_type)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     if first_use:
         log.warning("compiling the quantizers for this CPU on first use (about a minute, once per install)")
     t0 = time.perf_counter()
-    bar = _progress_bar(after, progress)
+    bar = progress_bar(after, progress)
     with GGUFOutput(dst, output_metadata(g, plan), entries, int(g.get("general.alignment", 32))) as out:
         for t in plan.tensors:
             bar.set_postfix_str(f"{t.name} -> {t.dst_type.name}", refresh=False)
@@ -137,7 +137,8 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     return QuantResult(plan, n_elements, before, after, time.perf_counter() - t0)
 
 
-def _progress_bar(total: int, show: bool | None):
+def progress_bar(total: int, show: bool | None):
+    """A byte-count bar on stderr (show None: when stderr is a terminal)."""
     from tqdm import tqdm
 
     if show is None:
