@@ -100,6 +100,9 @@ def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = N
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix="." + os.path.basename(os.path.abspath(out_dir)) + ".")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
     try:
         write_safetensors(os.path.join(tmp, "model.safetensors"), specs, chunks(), {"format": "pt"})
         for fname, data in files.items():
