@@ -140,25 +140,31 @@ class _Cursor:
         raise GGUFError(f"{self.path}: {what} has unknown element type {etype}")
 
 
+def release_mapped(mapping: mmap.mmap, view: np.ndarray | None = None) -> None:
+    """Drop the pages of a read-only memory map under `view` (an array into it; None: all
+    of it) from this process's resident memory. The OS keeps them in its page cache, and
+    reading them again faults them back in, so this only lowers the peak memory of callers
+    that have copied what they need (weights repacked at load, tensors written out)."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    if view is None:
+        mapping.madvise(mmap.MADV_DONTNEED)
+        return
+    base = np.frombuffer(mapping, np.uint8, count=1).ctypes.data
+    start = view.ctypes.data - base
+    end = start + view.nbytes
+    if 0 <= start <= end <= len(mapping):
+        start -= start % mmap.PAGESIZE  # whole pages; a neighbour's page is merely re-read
+        mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 class GGUFFile:
     """A GGUF file opened read-only through a memory map."""
 
     def release_pages(self, view: np.ndarray | None = None) -> None:
         """Drop the file's pages under `view` (a tensor's data or a slice of it; None: the
-        whole file) from this process's resident memory. The OS keeps them in its page
-        cache, and reading them again faults them back in, so this only lowers the peak
-        memory of callers that have copied what they need (weights repacked at load)."""
-        if not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        if view is None:
-            self._map.madvise(mmap.MADV_DONTNEED)
-            return
-        base = np.frombuffer(self._map, np.uint8, count=1).ctypes.data
-        start = view.ctypes.data - base
-        end = start + view.nbytes
-        if 0 <= start <= end <= len(self._map):
-            start -= start % mmap.PAGESIZE  # whole pages; a neighbour's page is merely re-read
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        whole file) from this process's resident memory (`release_mapped`)."""
+        release_mapped(self._map, view)
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,21 +121,29 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     if os.path.abspath(src) == os.path.abspath(dst):
         raise QuantizeError(f"{dst}: the output would overwrite the input; choose another name")
     entries = [TensorEntry(t.name, t.shape, t.dst_type) for t in plan.tensors]
-    first_use = not kernels_cached("quantize")
-    if first_use:
-        log.warning("compiling the quantizers for this CPU on first use (about a minute, once per install)")
     t0 = time.perf_counter()
     bar = progress_bar(after, progress)
-    with GGUFOutput(dst, output_metadata(g, plan), entries, int(g.get("general.alignment", 32))) as out:
+    with quantizers_compiled(), \
+            GGUFOutput(dst, output_metadata(g, plan), entries, int(g.get("general.alignment", 32))) as out:
         for t in plan.tensors:
             bar.set_postfix_str(f"{t.name} -> {t.dst_type.name}", refresh=False)
             for chunk in tensor_chunks(g, t):
                 out.write(chunk)
             bar.update(t.nbytes(t.dst_type))
     bar.close()
+    return QuantResult(plan, n_elements, before, after, time.perf_counter() - t0)
+
+
+@contextmanager
+def quantizers_compiled():
+    """Say once per install that the first use compiles the quantizers; mark them compiled
+    when the block ends without an error."""
+    first_use = not kernels_cached("quantize")
+    if first_use:
+        log.warning("compiling the quantizers for this CPU on first use (about a minute, once per install)")
+    yield
     if first_use:
         mark_warm("quantize")
-    return QuantResult(plan, n_elements, before, after, time.perf_counter() - t0)
 
 
 def progress_bar(total: int, show: bool | None):

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,14 +32,15 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import ConvertError
 from ..gguf_write import GGUFOutput, TensorEntry, kv_entry
-from ..model_quantize import progress_bar
+from ..model_quantize import progress_bar, quantizers_compiled
 from .families import Family, checkpoint_name, family_for_hf, is_multimodal_part, to_gguf_tensor
 from .gguf_params import embedding_rows, find, with_defaults, llama3_rope_factors, write_params, write_vocab
-from .safetensors import SafetensorsDir
+from .safetensors import SafetensorsDir, as_float32
 
 log = logging.getLogger("edgekv")
 OUTTYPES = {"f32": (T.F32, gguf.LlamaFileType.ALL_F32), "f16": (T.F16, gguf.LlamaFileType.MOSTLY_F16),
             "bf16": (T.BF16, gguf.LlamaFileType.MOSTLY_BF16), "q8_0": (T.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 _SKIPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 
 
@@ -172,13 +176,22 @@ def encode(w: np.ndarray, ggml_type: T) -> np.ndarray:
     return out
 
 
-def tensor_values(fam: Family, hp: dict, weights: SafetensorsDir, t: PlannedTensor) -> np.ndarray:
+def tensor_chunks(fam: Family, hp: dict, weights: SafetensorsDir, t: PlannedTensor):
+    """The output bytes of one tensor in slabs of rows (SLAB_BYTES of float32 at most), each
+    slab's source pages released once encoded; Q/K rows that Llama's permutation mixes go
+    whole."""
     if t.data is not None:
-        return t.data
-    w = weights.tensors[t.source].as_float32()
-    if w.shape != t.shape:  # Gemma 3's embedding rows past the tokenizer's vocabulary
-        w = w[:t.shape[0]]
-    return to_gguf_tensor(fam, t.name, w, hp.get("num_attention_heads", 0), hp.get("num_key_value_heads", 0))
+        yield encode(t.data, t.ggml_type)
+        return
+    st = weights.tensors[t.source]
+    whole = len(t.shape) == 1 or (fam.permute_qk and re.search(r"\.attn_[qk]\.", t.name))
+    step = t.shape[0] if whole else max(1, SLAB_BYTES // (4 * math.prod(t.shape[1:])))
+    for r in range(0, t.shape[0], step):  # t.shape[0] < stored rows: Gemma 3's cut embedding
+        raw = st.raw[r:min(r + step, t.shape[0])]
+        w = to_gguf_tensor(fam, t.name, as_float32(raw, st.dtype), hp.get("num_attention_heads", 0),
+                           hp.get("num_key_value_heads", 0))
+        yield encode(w, t.ggml_type)
+        st.release(raw)
 
 
 def convert(directory: str, out: str, outtype: str = "auto", *, pre: str | None = None,
@@ -202,13 +215,13 @@ def convert(directory: str, out: str, outtype: str = "auto", *, pre: str | None 
     kvs = metadata(fam, hp, directory, plan, kind, pre)
     entries = [TensorEntry(t.name, tuple(reversed(t.shape)), t.ggml_type) for t in plan]
     bar = progress_bar(sum(e.nbytes for e in entries), progress)
-    with GGUFOutput(out, kvs, entries) as gguf_out:
+    compiles = quantizers_compiled() if {T.BF16, T.Q8_0} & {t.ggml_type for t in plan} else nullcontext()
+    with compiles, GGUFOutput(out, kvs, entries) as gguf_out:
         for t in plan:
             bar.set_postfix_str(t.name, refresh=False)
-            data = encode(tensor_values(fam, hp, weights, t), t.ggml_type)
-            gguf_out.write(data)
-            bar.update(data.nbytes)
-            weights.release(t.source)
+            for data in tensor_chunks(fam, hp, weights, t):
+                gguf_out.write(data)
+                bar.update(data.nbytes)
     bar.close()
     return ConvertResult(out, kind, len(plan), sum(t.n_elements for t in plan), sum(e.nbytes for e in entries),
                          time.perf_counter() - t0)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..atomic_file import AtomicFile
 from ..errors import ConvertError
+from ..gguf import release_mapped
 
 # safetensors dtype -> (NumPy dtype as stored, bytes per element)
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -37,17 +38,25 @@ def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
+def as_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored elements as float32 (F32 ones are not copied: treat the result as read-only)."""
+    if dtype == "BF16":
+        return bf16_to_f32(raw)
+    return np.asarray(raw, dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class StoredTensor:
     name: str
     dtype: str  # safetensors name: F32, F16, BF16, ...
     shape: tuple[int, ...]
     raw: np.ndarray  # the stored elements, a view into the mapping
+    mapping: mmap.mmap
 
-    def as_float32(self) -> np.ndarray:
-        if self.dtype == "BF16":
-            return bf16_to_f32(self.raw)
-        return self.raw.astype(np.float32)
+    def release(self, view: np.ndarray | None = None) -> None:
+        """Drop the pages under `view` (default: the whole tensor) from resident memory once
+        they are written out: peak memory stays near one slab whatever the model size."""
+        release_mapped(self.mapping, self.raw if view is None else view)
 
 
 class SafetensorsFile:
@@ -86,7 +95,7 @@ class SafetensorsFile:
             raise ConvertError(f"{self.path}: tensor {name!r} ({dtype} {list(shape)}) has data offsets "
                                f"[{a}, {b}] that do not fit its size or the file; the file is truncated or corrupt")
         raw = data[start + a:start + b].view(DTYPES[dtype]).reshape(shape)
-        return StoredTensor(name, dtype, shape, raw)
+        return StoredTensor(name, dtype, shape, raw, self._map)
 
 
 class SafetensorsDir:
@@ -122,13 +131,6 @@ class SafetensorsDir:
             raise ConvertError(f"{self.directory}: missing shard(s) {', '.join(missing)} named by the index; "
                                f"download them too")
         return parts
-
-    def release(self, name: str | None) -> None:
-        """Drop a tensor's file pages from this process's resident memory once it is written
-        (the OS keeps them cached); peak memory stays near one tensor whatever the model size."""
-        for f in self.files:
-            if name in f.tensors and hasattr(mmap, "MADV_DONTNEED"):
-                f._map.madvise(mmap.MADV_DONTNEED)
 
     def _check_index(self) -> None:
         if self._weight_map is None:

@@ -95,7 +95,7 @@ def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = N
         for n in order:
             w = _values(fam, g, n, n_head, n_kv)
             bar.update(w.size * np_dtype.itemsize)
-            yield _f32_to_bf16(w) if kind == "bf16" else w.astype(np_dtype)
+            yield _f32_to_bf16(w) if kind == "bf16" else w.astype(np_dtype, copy=False)
 
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
