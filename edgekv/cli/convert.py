@@ -7,7 +7,6 @@ hf/to_hf.py).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..file_types import FILE_TYPE_NAMES
@@ -47,9 +46,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         from ..hf.convert import convert
 
-        out = args.outfile or os.path.join(
-            args.input, f"{os.path.basename(os.path.normpath(args.input))}-{args.outtype.upper()}.gguf")
-        r = convert(args.input, out, args.outtype, pre=args.pre)
+        r = convert(args.input, args.outfile, args.outtype, pre=args.pre)
     except OSError as exc:
         raise ConvertError(f"{exc.filename or args.input}: {exc.strerror or exc}; nothing was written") from None
     print(f"{r.path}: {r.n_tensors} tensors, {r.n_params / 1e6:.1f}M parameters, {r.outtype}, "

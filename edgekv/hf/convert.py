@@ -194,12 +194,12 @@ def tensor_chunks(fam: Family, hp: dict, weights: SafetensorsDir, t: PlannedTens
         st.release(raw)
 
 
-def convert(directory: str, out: str, outtype: str = "auto", *, pre: str | None = None,
+def convert(directory: str, out: str | None, outtype: str = "auto", *, pre: str | None = None,
             progress: bool | None = None) -> ConvertResult:
     """Convert the checkpoint in `directory` to the GGUF file `out`. outtype: auto (the
     checkpoint's own bf16/f16), f32, f16, bf16, q8_0, or a file type of `edgekv quantize`
-    (Q4_K_M, Q5_K_M, Q6_K, ...). pre: the BPE pre-tokenizer name, when tokenizer.json's
-    cannot be recognised."""
+    (Q4_K_M, Q5_K_M, Q6_K, ...). out None: DIR/<folder name>-<type>.gguf. pre: the BPE
+    pre-tokenizer name, when tokenizer.json's cannot be recognised."""
     t0 = time.perf_counter()
     config = read_config(directory)
     fam, hp = family_for_hf(config), hparams_of(config)
@@ -207,6 +207,8 @@ def convert(directory: str, out: str, outtype: str = "auto", *, pre: str | None 
     kind = outtype.lower()
     if kind == "auto":
         kind = guess_outtype(weights)
+    if out is None:
+        out = os.path.join(directory, f"{os.path.basename(os.path.normpath(directory))}-{kind.upper()}.gguf")
     if kind not in OUTTYPES:
         return _convert_then_quantize(directory, out, outtype, weights, pre, progress, t0)
     if os.path.abspath(out).startswith(os.path.abspath(directory) + os.sep) and out.endswith(".safetensors"):
