@@ -102,5 +102,13 @@ def tiny_checkpoint(name: str, tokenizer_dir: Path, out: Path) -> Path:
         weight_map.update({n: fname for n in part})
     if shards > 1:
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if name == "tiny-llama":  # the template as recent checkpoints ship it, beside tokenizer_config.json
+        template = tokenizer_config.pop("chat_template")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+        (tmp / "chat_template.jinja").write_text(template)
+    if name == "tiny-qwen3":  # sampling defaults: llama.cpp writes them as general.sampling.*
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+             "top_k": 20, "repetition_penalty": 1.05}))
     tmp.rename(out)
     return out

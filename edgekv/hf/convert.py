@@ -143,6 +143,10 @@ def metadata(fam: Family, hp: dict, directory: str, plan: list[PlannedTensor], o
     n_params = sum(t.n_elements for t in plan)
     w.add_type(gguf.GGUFType.MODEL)
     meta = gguf.Metadata.load(None, Path(directory), None, n_params)
+    if meta.sampling_penalty_repeat is None:  # the reference's gguf-py also reads transformers' name for it
+        gen = json.loads(Path(directory, "generation_config.json").read_text()) \
+            if Path(directory, "generation_config.json").is_file() else {}
+        meta.sampling_penalty_repeat = gen.get("repetition_penalty")
     if meta.name is None:
         meta.name = os.path.basename(os.path.normpath(directory))
     if meta.size_label is None and n_params > 0:
@@ -219,8 +223,8 @@ def convert(directory: str, out: str | None, outtype: str = "auto", *, pre: str 
     bar = progress_bar(sum(e.nbytes for e in entries), progress)
     compiles = quantizers_compiled() if {T.BF16, T.Q8_0} & {t.ggml_type for t in plan} else nullcontext()
     with compiles, GGUFOutput(out, kvs, entries) as gguf_out:
-        for t in plan:
-            bar.set_postfix_str(t.name, refresh=False)
+        for i, t in enumerate(plan):
+            bar.set_postfix_str(f"tensor {i + 1}/{len(plan)} {t.name}", refresh=False)
             for data in tensor_chunks(fam, hp, weights, t):
                 gguf_out.write(data)
                 bar.update(data.nbytes)
