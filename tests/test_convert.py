@@ -87,23 +87,57 @@ def test_round_trip_keeps_every_weight(checkpoint, tmp_path, model):
     assert {n for n in llama if got[n] != llama[n]} == set()
 
 
+# what a round trip adds: keys llama.cpp's converter now writes from transformers' defaults
+# (head_dim, gemma3's local rope base) or from a ByteLevel post-processor (no EOS), that
+# the catalog files, made by an older converter, lack; each has the value the runtime
+# assumed without it
+ROUND_TRIP_EXTRA = {"smollm2-135m-instruct": {"llama.attention.key_length": 64, "llama.attention.value_length": 64,
+                                              "tokenizer.ggml.add_eos_token": False},
+                    "gemma3-270m": {"gemma3.rope.freq_base_swa": 10000.0}}
+
+
+def same_value(a, b) -> bool:
+    import numpy as np
+
+    return bool(np.array_equal(a, b)) if isinstance(a, (list, np.ndarray)) else a == b
+
+
 @pytest.mark.parametrize("model", REAL)
-def test_round_trip_tokenizes_and_answers_as_the_original(checkpoint, reference, tmp_path, smollm2_path,
-                                                          gemma3_path, model):
-    from edgekv import Llama
+def test_round_trip_keeps_the_metadata_and_tokenizes_as_llama_cpp(checkpoint, reference, tmp_path, smollm2_path,
+                                                                   gemma3_path, model):
     from edgekv.text.tokenizer import Tokenizer
 
     out = tmp_path / "rt.gguf"
-    convert(str(checkpoint(model)), str(out), "q8_0")
-    tok = Tokenizer.from_gguf(GGUFFile(out).metadata)
+    convert(str(checkpoint(model)), str(out), "f32")
+    got = GGUFFile(out).metadata
+    original = GGUFFile({"smollm2-135m-instruct": smollm2_path, "gemma3-270m": gemma3_path}[model]).metadata
+    assert {k for k in original if k != "general.file_type" and not same_value(original[k], got.get(k))} == set()
+    extra = {k: got[k] for k in got if k not in original}
+    assert extra.keys() == ROUND_TRIP_EXTRA[model].keys()
+    assert all(same_value(extra[k], v) for k, v in ROUND_TRIP_EXTRA[model].items()), extra
+    tok = Tokenizer.from_gguf(got)
     key = {"smollm2-135m-instruct": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma3-270m-q4_k_m"}[model]
     for case in reference["models"][key]["tokenize"]:
         assert tok.encode(case["text"], add_bos=False, special=False) == case["ids_no_special"], case["text"]
         assert tok.encode(case["text"], add_bos=False, special=True) == case["ids_parse_special"], case["text"]
-    original = {"smollm2-135m-instruct": smollm2_path, "gemma3-270m": gemma3_path}[model]
-    texts = [Llama(str(p), n_ctx=64, verbose=False)("The capital of France is", max_tokens=2, temperature=0.0)
-             ["choices"][0]["text"] for p in (out, original)]
-    assert texts[0].strip() and texts[0] == texts[1], texts
+
+
+def test_round_trip_requantized_is_the_catalog_file(checkpoint, tmp_path, smollm2_path):
+    # SmolLM2 -> HF -> f32 GGUF -> `edgekv quantize Q4_1` gives back the catalog file's tensors,
+    # every byte (Q4_1 of its own dequantization is itself), so it answers as the original.
+    # (gemma3's Q4_K search does not return its own input for 31 of 236 tensors; its round
+    # trip is checked through the F32 weights above.)
+    from edgekv import Llama
+
+    convert(str(checkpoint("smollm2-135m-instruct")), str(tmp_path / "rt.gguf"), "f32")
+    assert main(["quantize", str(tmp_path / "rt.gguf"), str(tmp_path / "q.gguf"), "Q4_1"]) == 0
+    a, b = GGUFFile(smollm2_path), GGUFFile(tmp_path / "q.gguf")
+    assert sorted(a.tensors) == sorted(b.tensors)
+    assert [n for n in a.tensors if (a.tensors[n].ggml_type, bytes(a.tensors[n].data))
+            != (b.tensors[n].ggml_type, bytes(b.tensors[n].data))] == []
+    texts = [Llama(str(p), n_ctx=64, verbose=False)("Once upon a time", max_tokens=16, temperature=0.0)
+             ["choices"][0]["text"] for p in (tmp_path / "q.gguf", smollm2_path)]
+    assert texts[0] == texts[1], texts
 
 
 def test_hf_tokenizer_json_encodes_as_the_gguf(checkpoint, reference):
@@ -227,3 +261,16 @@ def test_to_hf_refuses_an_unknown_architecture(tiny_model, tmp_path):
 
         to_hf(str(tiny_model(arch="phi3")), str(tmp_path / "hf"))
     assert not (tmp_path / "hf").exists()
+
+
+def test_merges_in_either_tokenizer_json_format(checkpoint, tmp_path):
+    # older tokenizer.json files list merges as "a b" strings, newer ones as [a, b] pairs
+    folder = copy_of(checkpoint, "tiny-llama", tmp_path / "ck")
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    assert isinstance(tj["model"]["merges"][0], list)
+    tj["model"]["merges"] = [" ".join(pair) for pair in tj["model"]["merges"]]
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    convert(str(folder), str(tmp_path / "strings.gguf"), "f16")
+    convert(str(checkpoint("tiny-llama")), str(tmp_path / "pairs.gguf"), "f16")
+    a, b = GGUFFile(tmp_path / "strings.gguf"), GGUFFile(tmp_path / "pairs.gguf")
+    assert a.raw_kv("tokenizer.ggml.merges") == b.raw_kv("tokenizer.ggml.merges")  # (general.name: the folder's)

@@ -9,6 +9,8 @@ tokenizer_files.py).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ..errors import ConvertError
@@ -105,6 +107,27 @@ def _linear_scaling(g: GGUFFile, a: str) -> dict | None:
     if kind != "linear":
         raise ConvertError(f"{g.path}: rope scaling {kind!r}: --to-hf writes none, linear and llama3 scaling")
     return {"rope_type": "linear", "factor": short_float(g.require(f"{a}.rope.scaling.factor"))}
+
+
+# general.* key -> the model card (README.md front matter) key llama.cpp's gguf-py reads it back from
+_CARD = {"name": "name", "author": "author", "version": "version", "organization": "organization",
+         "description": "description", "finetune": "finetune", "basename": "basename", "size_label": "size_label",
+         "license": "license", "license.name": "license_name", "license.link": "license_link", "tags": "tags",
+         "languages": "language", "source.url": "url", "source.doi": "doi", "source.uuid": "uuid",
+         "source.repo_url": "repo_url"}
+
+
+def model_card(g: GGUFFile) -> str:
+    """README.md whose front matter carries the GGUF's general.* description (JSON is YAML)."""
+    card = {}
+    for key, card_key in _CARD.items():
+        v = g.get(f"general.{key}")
+        if v is not None:
+            card[card_key] = [str(x) for x in v] if isinstance(v, (list, np.ndarray)) else v
+    title = card.get("name") or g.architecture
+    return (f"---\n{json.dumps(card, indent=1, ensure_ascii=False)}\n---\n\n# {title}\n\n"
+            f"Made by `edgekv convert {g.path.rsplit('/', 1)[-1]} --to-hf` from a GGUF file: the weights are its "
+            f"tensors dequantized, the tokenizer is rebuilt from its vocabulary.\n")
 
 
 def generation_config(g: GGUFFile) -> dict:

@@ -28,7 +28,7 @@ from ..errors import ConvertError
 from ..gguf import GGUFFile
 from ..model_quantize import progress_bar
 from .families import family_for_gguf, to_hf_tensor
-from .hf_config import generation_config, hf_config
+from .hf_config import generation_config, hf_config, model_card
 from .safetensors import write_safetensors
 from .tokenizer_files import tokenizer_files
 
@@ -87,7 +87,7 @@ def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = N
     config = hf_config(fam, g, torch_dtype)
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     files = {"config.json": _json(config), "generation_config.json": _json(generation_config(g)),
-             **tokenizer_files(g)}
+             **tokenizer_files(g), "README.md": model_card(g).encode("utf-8")}
     nbytes = sum(int(np.prod(s)) * np_dtype.itemsize for _, _, s in specs)
     bar = progress_bar(nbytes, progress)
 

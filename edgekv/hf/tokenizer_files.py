@@ -108,6 +108,8 @@ def tokenizer_config(g: GGUFFile, tokens: list[str], types: list[int], spm: bool
             out[f"add_{typ}_token"] = bool(flag)
     for typ, i in ids.items():
         out[f"{typ}_token"] = tokens[i]
+    if (space := g.get("tokenizer.ggml.add_space_prefix")) is not None:
+        out["add_prefix_space"] = bool(space)
     if (template := g.get("tokenizer.chat_template")) is not None:
         out["chat_template"] = template
     out["model_max_length"] = int(g.get(f"{g.architecture}.context_length", 2048))
