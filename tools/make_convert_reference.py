@@ -17,7 +17,6 @@ torch 2.13.0+cpu, transformers 4.57.6.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -25,29 +24,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tools")]
 
 from hf_checkpoints import TINY, real_checkpoint, tiny_checkpoint  # noqa: E402
+from make_quantize_reference import file_sha, sha  # noqa: E402
 
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.gguf import GGUFFile  # noqa: E402
 
-SHORT = 16
 REAL = {"smollm2-135m-instruct": ("f32", "f16", "bf16", "q8_0"), "gemma3-270m": ("f32", "f16", "bf16", "q8_0")}
 TINY_OUTTYPES = {"tiny-llama": ("auto", "q8_0"), "tiny-qwen2": ("auto", "f16"), "tiny-qwen3": ("auto", "q8_0")}
 OUT = ROOT / "tests" / "reference" / "convert"
-
-
-def sha(data) -> str:
-    return hashlib.sha256(memoryview(data)).hexdigest()[:SHORT]
-
-
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def describe(path: Path) -> dict:

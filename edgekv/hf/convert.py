@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType as T
 from ..errors import ConvertError
 from ..gguf_write import GGUFOutput, TensorEntry, kv_entry
 from ..model_quantize import progress_bar, quantizers_compiled
-from .families import Family, checkpoint_name, family_for_hf, is_multimodal_part, to_gguf_tensor
+from .families import Family, checkpoint_name, family_for_hf, is_multimodal_part, transform
 from .gguf_params import embedding_rows, find, with_defaults, llama3_rope_factors, write_params, write_vocab
 from .safetensors import SafetensorsDir, as_float32
 
@@ -192,7 +192,7 @@ def tensor_chunks(fam: Family, hp: dict, weights: SafetensorsDir, t: PlannedTens
     step = t.shape[0] if whole else max(1, SLAB_BYTES // (4 * math.prod(t.shape[1:])))
     for r in range(0, t.shape[0], step):  # t.shape[0] < stored rows: Gemma 3's cut embedding
         raw = st.raw[r:min(r + step, t.shape[0])]
-        w = to_gguf_tensor(fam, t.name, as_float32(raw, st.dtype), hp.get("num_attention_heads", 0),
+        w = transform(fam, t.name, as_float32(raw, st.dtype), hp.get("num_attention_heads", 0),
                            hp.get("num_key_value_heads", 0))
         yield encode(w, t.ggml_type)
         st.release(raw)

@@ -107,31 +107,19 @@ def is_multimodal_part(name: str) -> bool:
         or "vision." in name or "visual." in name or "audio." in name
 
 
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: HF's rotary halves -> GGUF's interleaved pairs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def permute(w: np.ndarray, n_head: int, inverse: bool = False) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: HF's rotary halves -> GGUF's interleaved pairs (inverse:
+    back)."""
+    pair = (w.shape[0] // n_head // 2, 2) if inverse else (2, w.shape[0] // n_head // 2)
+    return w.reshape(n_head, *pair, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def to_gguf_tensor(fam: Family, gguf_name: str, w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
-    """A checkpoint tensor (float32) as llama.cpp's converter writes it."""
-    if fam.permute_qk and re.search(r"\.attn_q\.", gguf_name):
-        w = permute(w, n_head)
-    elif fam.permute_qk and re.search(r"\.attn_k\.", gguf_name):
-        w = permute(w, n_head_kv)
+def transform(fam: Family, gguf_name: str, w: np.ndarray, n_head: int, n_head_kv: int,
+              to_hf: bool = False) -> np.ndarray:
+    """A checkpoint tensor (float32) as llama.cpp's converter writes it: Q/K rows permuted,
+    Gemma's norms +1; to_hf: the other way."""
+    if fam.permute_qk and re.search(r"\.attn_[qk]\.", gguf_name):
+        w = permute(w, n_head if ".attn_q." in gguf_name else n_head_kv, inverse=to_hf)
     if fam.norm_shift and gguf_name.endswith("norm.weight"):
-        w = w + np.float32(fam.norm_shift)
-    return w
-
-
-def to_hf_tensor(fam: Family, gguf_name: str, w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
-    if fam.permute_qk and re.search(r"\.attn_q\.", gguf_name):
-        w = unpermute(w, n_head)
-    elif fam.permute_qk and re.search(r"\.attn_k\.", gguf_name):
-        w = unpermute(w, n_head_kv)
-    if fam.norm_shift and gguf_name.endswith("norm.weight"):
-        w = w - np.float32(fam.norm_shift)
+        w = w - np.float32(fam.norm_shift) if to_hf else w + np.float32(fam.norm_shift)
     return w

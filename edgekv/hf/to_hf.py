@@ -27,7 +27,7 @@ from .. import quants
 from ..errors import ConvertError
 from ..gguf import GGUFFile
 from ..model_quantize import progress_bar
-from .families import family_for_gguf, to_hf_tensor
+from .families import family_for_gguf, transform
 from .hf_config import generation_config, hf_config, model_card
 from .safetensors import write_safetensors
 from .tokenizer_files import tokenizer_files
@@ -64,7 +64,7 @@ def _values(fam, g: GGUFFile, name: str, n_head: int, n_kv: int) -> np.ndarray:
     t = g.tensors[name]
     w = quants.dequantize(t.data, t.ggml_type, t.shape).reshape(tuple(reversed(t.shape)))
     g.release_pages(t.data)
-    return to_hf_tensor(fam, name, w, n_head, n_kv)
+    return transform(fam, name, w, n_head, n_kv, to_hf=True)
 
 
 def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = None) -> ToHFResult:
