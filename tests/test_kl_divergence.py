@@ -5,8 +5,8 @@ themselves: from two log-probability files llama-perplexity wrote for a tiny mod
 tests/reference/kld/), edgekv's figures must be llama-perplexity's own to 2%. The real models:
 llama-perplexity saved a base (gpl3.txt, -c 512) and compared another model or cache type with
 it; edgekv does the same with the same model files, and its base file's header and tokens must
-equal llama.cpp's byte for byte and its perplexities come within 2% (the KL divergences there
-measure each engine's own arithmetic too; see KLD_BOUND). Errors on small inputs.
+equal llama.cpp's byte for byte, its perplexities come within 2% and its mean KL divergence
+within 2% (see KLD_BOUND for the one quantized-cache case that is not). Errors on small inputs.
 """
 
 from __future__ import annotations
@@ -77,20 +77,20 @@ def test_statistics_from_llama_perplexity_files_equal_its_own(capsys):
     assert not far, f"(edgekv, llama-perplexity): {far}"
 
 
-# Mean KLD, edgekv against llama-perplexity. The engines agree on an F16 model (edgekv's F16
-# SmolLM2 against llama.cpp's saved base: KLD 0.000003, 99.9% same top token), but for 4-8 bit
-# weights and caches llama.cpp rounds activations (and, in quantized-cache attention, the
-# query) to 8 bits where edgekv's prefill multiplies float tiles (issue 19), and that rounding
-# is part of what llama.cpp measures: SmolLM2 Q4_K_M against F16, 0.0591 there, 0.0541 here
-# (llama.cpp's Q4_K_M against edgekv's base: 0.0591 again); gemma3's q8_0 cache, 0.0071 there,
-# 0.0005 here. So the KLD is held to llama.cpp's only where the weights dominate.
-KLD_BOUND = {"smollm2-model-q4_k_m": 0.15}
+# Mean KLD, edgekv against llama-perplexity. With a base file (saving it and comparing with
+# it), edgekv evaluates token by token, where its kernels round activations to 8 bits as
+# llama.cpp's do: SmolLM2 Q4_K_M against F16, 0.059080 here, 0.059085 there; SmolLM2's q4_0
+# cache 0.0767 / 0.0760. (The batched prefill's float tiles measure less: 0.0541 and 0.0659.) Quantized-cache attention is float32 in
+# edgekv (kernels/attention_q.py) where llama.cpp also rounds the query and the softmax
+# weights to the cache's types, and gemma3 feels that most: its q8_0 cache 0.0068 here,
+# 0.0071 there (4.3%).
+KLD_BOUND = {"smollm2-model-q4_k_m": 0.02, "smollm2-cache-q4_0": 0.02, "gemma3-cache-q8_0": 0.06}
 
 
 @pytest.mark.parametrize("case", ("smollm2-cache-q4_0", "smollm2-model-q4_k_m", "gemma3-cache-q8_0"))
 def test_real_models_against_llama_perplexity(model_file, tmp_path, capsys, case):
     # the same base, text and chunks: the base file's header and tokens byte for byte, both
-    # perplexities within 2%, and the mean KLD where the engines allow it
+    # perplexities within 2%, and the mean KLD within KLD_BOUND
     ref = reference()["cases"][case]
     (base, base_cache), (model, cache) = ref["base"], ref["compared"]
     kld = tmp_path / "base.kld"
@@ -107,9 +107,8 @@ def test_real_models_against_llama_perplexity(model_file, tmp_path, capsys, case
     theirs = ref["statistics"]
     for label in ("Mean PPL(Q)", "Mean PPL(base)"):
         assert ours[label][0] == pytest.approx(theirs[label][0], rel=0.02), label
-    if case in KLD_BOUND:
-        kld_ours, kld_theirs = ours["Mean    KLD"][0], theirs["Mean    KLD"][0]
-        assert kld_ours == pytest.approx(kld_theirs, rel=KLD_BOUND[case]), (kld_ours, kld_theirs)
+    kld_ours, kld_theirs = ours["Mean    KLD"][0], theirs["Mean    KLD"][0]
+    assert kld_ours == pytest.approx(kld_theirs, rel=KLD_BOUND[case]), (kld_ours, kld_theirs)
 
 
 def test_a_model_against_its_own_base_diverges_by_nothing(tiny_model, tmp_path, capsys):
