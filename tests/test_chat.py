@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +22,13 @@ STATS = r"\[prompt: (\d+) new tokens \((\d+) in all\), [\d.]+ tokens/s; generati
         r"KV (\d+)/(\d+), ring start (-?\d+) cur -?\d+; cache f16/f16\]"
 TIMEOUT_S = 180  # generous: a cold start compiles or loads the kernels
 N_LONG = 4000
+
+
+def _default_sigint() -> None:
+    # a terminal's Ctrl-C, whatever ran the tests: a shell's background job (`make test &`,
+    # nohup) starts with SIGINT ignored, which a child inherits, and Python then leaves it
+    # ignored, so Ctrl-C at the chat's prompt would do nothing
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Chat:
@@ -35,7 +43,8 @@ class Chat:
         self.log = io.StringIO()
         self.child = pexpect.spawn(sys.executable, ["-m", "edgekv", "chat", "-m", str(model), "-c", str(n_ctx), "--temp",
                                                     "0", "-n", str(n_predict), *extra],
-                                   env=env, cwd=str(REPO), encoding="utf-8", timeout=TIMEOUT_S, dimensions=(50, 200))
+                                   env=env, cwd=str(REPO), encoding="utf-8", timeout=TIMEOUT_S, dimensions=(50, 200),
+                                   preexec_fn=_default_sigint)
         self.child.logfile_read = self.log
         self.child.expect_exact("Type /help for the commands.")
         self.prompt()
