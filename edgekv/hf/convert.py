@@ -15,7 +15,6 @@ outtype (f32, f16, bf16, q8_0): the same keys and values, tensor names, order, t
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -34,7 +33,8 @@ from ..errors import ConvertError
 from ..gguf_write import GGUFOutput, TensorEntry, kv_entry
 from ..model_quantize import progress_bar, quantizers_compiled
 from .families import Family, checkpoint_name, family_for_hf, is_multimodal_part, transform
-from .gguf_params import embedding_rows, find, with_defaults, llama3_rope_factors, write_params, write_vocab
+from .gguf_params import embedding_rows, find, llama3_rope_factors, with_defaults, write_params, write_vocab
+from .json_files import json_file
 from .safetensors import SafetensorsDir, as_float32
 
 log = logging.getLogger("edgekv")
@@ -68,17 +68,11 @@ class ConvertResult:
 
 
 def read_config(directory: str) -> dict:
-    path = os.path.join(directory, "config.json")
     if not os.path.isdir(directory):
         raise ConvertError(f"{directory}: no such directory (give the folder of a Hugging Face checkpoint)")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(directory, "config.json")):
         raise ConvertError(f"{directory}: no config.json; is this a Hugging Face checkpoint folder?")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except ValueError as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
-    return config
+    return json_file(directory, "config.json")
 
 
 def hparams_of(config: dict) -> dict:
@@ -114,7 +108,7 @@ def plan_tensors(fam: Family, hp: dict, weights: SafetensorsDir, directory: str,
     plan = []
     if fam.gguf_arch == "llama" and (factors := llama3_rope_factors(hp)) is not None:
         plan.append(PlannedTensor("rope_freqs.weight", None, factors.shape, T.F32, factors))
-    vocab_rows = embedding_rows(fam, directory)
+    vocab_rows = embedding_rows(fam, directory, hp)
     unknown = []
     for f in weights.files:  # shards in name order, tensors by name, as the reference converter reads them
         for src in sorted(f.tensors):
@@ -144,9 +138,7 @@ def metadata(fam: Family, hp: dict, directory: str, plan: list[PlannedTensor], o
     w.add_type(gguf.GGUFType.MODEL)
     meta = gguf.Metadata.load(None, Path(directory), None, n_params)
     if meta.sampling_penalty_repeat is None:  # the reference's gguf-py also reads transformers' name for it
-        gen = json.loads(Path(directory, "generation_config.json").read_text()) \
-            if Path(directory, "generation_config.json").is_file() else {}
-        meta.sampling_penalty_repeat = gen.get("repetition_penalty")
+        meta.sampling_penalty_repeat = json_file(directory, "generation_config.json").get("repetition_penalty")
     if meta.name is None:
         meta.name = os.path.basename(os.path.normpath(directory))
     if meta.size_label is None and n_params > 0:
@@ -193,7 +185,7 @@ def tensor_chunks(fam: Family, hp: dict, weights: SafetensorsDir, t: PlannedTens
     for r in range(0, t.shape[0], step):  # t.shape[0] < stored rows: Gemma 3's cut embedding
         raw = st.raw[r:min(r + step, t.shape[0])]
         w = transform(fam, t.name, as_float32(raw, st.dtype), hp.get("num_attention_heads", 0),
-                           hp.get("num_key_value_heads", 0))
+                      hp.get("num_key_value_heads", 0))
         yield encode(w, t.ggml_type)
         st.release(raw)
 

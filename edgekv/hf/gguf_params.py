@@ -10,7 +10,6 @@ serialises them. What does not: tensors (families.py, convert.py), reading token
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -19,8 +18,9 @@ import numpy as np
 
 from ..errors import ConvertError
 from .families import Family
+from .json_files import json_file
 from .special_vocab import special_vocab
-from .vocab import bpe_vocab, spm_vocab
+from .vocab import bpe_vocab, spm_size, spm_vocab
 
 
 # transformers' config defaults (4.57) for the keys the converter reads: llama.cpp's converter
@@ -180,14 +180,6 @@ def llama3_rope_factors(hp: dict) -> np.ndarray | None:
     return np.array(out, dtype=np.float32)
 
 
-def _config(directory: str, name: str) -> dict:
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def _set_vocab_gpt2(w: gguf.GGUFWriter, directory: str, hp: dict, pre: str | None) -> None:
     v = bpe_vocab(directory, hp.get("vocab_size"), pre)
     w.add_tokenizer_model("gpt2")
@@ -215,31 +207,23 @@ def has_spm(directory: str) -> bool:
 def write_vocab(w: gguf.GGUFWriter, fam: Family, directory: str, hp: dict, pre: str | None = None) -> None:
     """Each family's set_vocab. Llama's tokenizer.json-only SentencePiece-style vocabularies
     (LlamaHfVocab) need tokenizer.model here."""
-    if fam.gguf_arch == "llama":
-        if (aps := _config(directory, "tokenizer_config.json").get("add_prefix_space")) is not None:
-            w.add_add_space_prefix(aps)
-        if has_spm(directory):
-            _set_vocab_spm(w, directory, hp)
-        else:
-            _require_byte_level(directory)
-            _set_vocab_gpt2(w, directory, hp, pre)
-        if hp.get("vocab_size", 32000) == 49152:  # llama.cpp's Granite rule, which SmolLM's vocabulary also meets
-            w.add_add_bos_token(False)
-    elif fam.gguf_arch == "gemma3":
-        if has_spm(directory):
-            _set_vocab_spm(w, directory, hp)
-            w.add_add_space_prefix(False)
-        else:
-            _set_vocab_gpt2(w, directory, hp, pre)
+    llama, spm = fam.gguf_arch == "llama", has_spm(directory)
+    if llama and (aps := json_file(directory, "tokenizer_config.json").get("add_prefix_space")) is not None:
+        w.add_add_space_prefix(aps)
+    if spm:
+        _set_vocab_spm(w, directory, hp)
     else:
-        if has_spm(directory):
-            _set_vocab_spm(w, directory, hp)
-        else:
-            _set_vocab_gpt2(w, directory, hp, pre)
+        if llama:
+            _require_byte_level(directory)
+        _set_vocab_gpt2(w, directory, hp, pre)
+    if llama and hp.get("vocab_size", 32000) == 49152:  # llama.cpp's Granite rule, which SmolLM's vocabulary also meets
+        w.add_add_bos_token(False)
+    if fam.gguf_arch == "gemma3" and spm:
+        w.add_add_space_prefix(False)
 
 
 def _require_byte_level(directory: str) -> None:
-    tj = _config(directory, "tokenizer.json")
+    tj = json_file(directory, "tokenizer.json")
     model = tj.get("model", {})
     if model.get("type") == "BPE" and model.get("byte_fallback") and tj.get("decoder", {}).get("type") == "Sequence":
         raise ConvertError(f"{directory}: this tokenizer.json is a SentencePiece-style BPE (byte fallback); "
@@ -247,17 +231,13 @@ def _require_byte_level(directory: str) -> None:
                            f"ships: copy it into the directory")
 
 
-def embedding_rows(fam: Family, directory: str) -> int | None:
-    """Gemma 3's converter keeps only the tokenizer's rows of token_embd."""
+def embedding_rows(fam: Family, directory: str, hp: dict) -> int | None:
+    """Gemma 3's converter keeps only the tokenizer's rows of token_embd: as many as the
+    SentencePiece vocabulary it writes (config.json's vocab_size, else tokenizer.model's), or
+    tokenizer.json's tokens."""
     if fam.gguf_arch != "gemma3":
         return None
     if has_spm(directory):
-        from sentencepiece import SentencePieceProcessor
-
-        sp = SentencePieceProcessor()
-        sp.LoadFromFile(os.path.join(directory, "tokenizer.model"))
-        hp_size = _config(directory, "config.json")
-        size = {**hp_size, **hp_size.get("text_config", {})}.get("vocab_size") or sp.vocab_size()
-        return size
-    tj = _config(directory, "tokenizer.json")
+        return hp.get("vocab_size") or spm_size(directory)
+    tj = json_file(directory, "tokenizer.json")
     return len(tj["model"]["vocab"]) + len(tj.get("added_tokens", []))

@@ -25,6 +25,7 @@ import numpy as np
 from ..atomic_file import AtomicFile
 from ..errors import ConvertError
 from ..gguf import release_mapped
+from .json_files import json_file
 
 # safetensors dtype -> (NumPy dtype as stored, bytes per element)
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -115,7 +116,7 @@ class SafetensorsDir:
     def _part_names(self) -> list[str]:
         index = os.path.join(self.directory, "model.safetensors.index.json")
         if os.path.isfile(index):
-            self._weight_map = _read_json(index).get("weight_map")
+            self._weight_map = json_file(self.directory, "model.safetensors.index.json").get("weight_map")
             if not isinstance(self._weight_map, dict):
                 raise ConvertError(f"{index}: no 'weight_map' object")
             parts = sorted(set(self._weight_map.values()))
@@ -139,14 +140,6 @@ class SafetensorsDir:
         if missing:
             raise ConvertError(f"{self.directory}: tensors named in model.safetensors.index.json are in no shard: "
                                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except ValueError as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
 
 
 def write_safetensors(path: str | os.PathLike, tensors: list[tuple[str, str, tuple[int, ...]]], chunks,

@@ -13,21 +13,15 @@ themselves (vocab.py).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
+
+from .json_files import json_file
 
 TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
             "pad": "padding_token_id", "mask": "mask_token_id", "eot": "eot_token_id", "eom": "eom_token_id"}
 _ADD_KEYS = ("bos", "eos", "sep")  # the add_*_token flags llama.cpp's writer has
-
-
-def _load(path: str):
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 @dataclass
@@ -162,8 +156,8 @@ def _template_processing(sv: SpecialVocab, proc: dict, tc: dict | None, special:
 
 
 def _from_tokenizer_files(sv: SpecialVocab, directory: str) -> None:
-    tokenizer = _load(os.path.join(directory, "tokenizer.json"))
-    tc = _load(os.path.join(directory, "tokenizer_config.json"))
+    tokenizer = json_file(directory, "tokenizer.json")
+    tc = json_file(directory, "tokenizer_config.json")
     added = []
     if tokenizer:
         if sv.load_merges:
@@ -218,14 +212,14 @@ def _chat_template_file(directory: str):
             with open(os.path.join(extra_dir, p), encoding="utf-8") as f:
                 out.append({"name": p[:-len(".jinja")], "template": f.read()})
         return out
-    data = _load(os.path.join(directory, "chat_template.json"))
+    data = json_file(directory, "chat_template.json")
     return data.get("chat_template") if data else None
 
 
 def special_vocab(directory: str, *, load_merges: bool = False, n_vocab: int | None = None) -> SpecialVocab:
     sv = SpecialVocab(n_vocab, load_merges)
     _from_tokenizer_files(sv, directory)
-    config = _load(os.path.join(directory, "config.json")) or {}
+    config = json_file(directory, "config.json")
     for typ in sv.types:
         tid = config.get(f"{typ}_token_id")
         if tid is None and "text_config" in config:

@@ -13,7 +13,6 @@ values) and the same vocabulary.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from ..gguf import GGUFFile
 from ..model_quantize import progress_bar
 from .families import family_for_gguf, transform
 from .hf_config import generation_config, hf_config, model_card
+from .json_files import json_bytes
 from .safetensors import write_safetensors
 from .tokenizer_files import tokenizer_files
 
@@ -86,7 +86,7 @@ def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = N
     specs = [(hf_names[n], st_dtype, tuple(reversed(g.tensors[n].shape))) for n in order]
     config = hf_config(fam, g, torch_dtype)
     n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
-    files = {"config.json": _json(config), "generation_config.json": _json(generation_config(g)),
+    files = {"config.json": json_bytes(config), "generation_config.json": json_bytes(generation_config(g)),
              **tokenizer_files(g), "README.md": model_card(g).encode("utf-8")}
     nbytes = sum(int(np.prod(s)) * np_dtype.itemsize for _, _, s in specs)
     bar = progress_bar(nbytes, progress)
@@ -118,6 +118,3 @@ def to_hf(src: str, out_dir: str, dtype: str = "auto", progress: bool | None = N
         bar.close()
     return ToHFResult(out_dir, kind, len(specs), nbytes, time.perf_counter() - t0)
 
-
-def _json(obj) -> bytes:
-    return json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"

@@ -14,13 +14,13 @@ Token texts are GGUF's: llama.cpp's converter turned user-defined SentencePiece 
 
 from __future__ import annotations
 
-import json
 import re
 
 from ..errors import ConvertError
 from ..gguf import GGUFFile
 from ..text.bpe import _GPT2, PRE_TOKENIZERS
 from .hf_config import special_ids
+from .json_files import json_bytes
 from .spm_model import spm_model_bytes
 from .vocab import CONTROL, UNUSED, USER_DEFINED
 
@@ -128,17 +128,14 @@ def tokenizer_files(g: GGUFFile) -> dict[str, bytes]:
     tokens, types = _texts(g)
     files: dict[str, bytes] = {}
     if model == "gpt2":
-        files["tokenizer.json"] = _json(bpe_tokenizer_json(g, tokens, types))
+        files["tokenizer.json"] = json_bytes(bpe_tokenizer_json(g, tokens, types))
     elif model == "llama":
         files["tokenizer.model"] = spm_tokenizer_model(g, tokens, types)
     else:
         raise ConvertError(f"{g.path}: tokenizer.ggml.model {model!r}: --to-hf writes gpt2 (BPE) and llama "
                            f"(SentencePiece) vocabularies")
     config = tokenizer_config(g, tokens, types, model == "llama")
-    files["tokenizer_config.json"] = _json(config)
-    files["special_tokens_map.json"] = _json({f"{t}_token": tokens[i] for t, i in special_ids(g).items()})
+    files["tokenizer_config.json"] = json_bytes(config)
+    files["special_tokens_map.json"] = json_bytes({f"{t}_token": tokens[i] for t, i in special_ids(g).items()})
     return files
 
-
-def _json(obj) -> bytes:
-    return json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"

@@ -27,6 +27,7 @@ from importlib import resources
 import regex
 
 from ..errors import ConvertError
+from .json_files import json_file
 from ..text.bpe import _GPT2, PRE_TOKENIZERS
 
 log = logging.getLogger("edgekv")
@@ -129,8 +130,7 @@ def bpe_vocab(directory: str, vocab_size: int | None, pre_override: str | None =
         else:
             types.append(NORMAL)
         tokens.append(text)
-    with open(path, encoding="utf-8") as f:
-        pre_json = json.load(f).get("pre_tokenizer")
+    pre_json = json_file(directory, "tokenizer.json").get("pre_tokenizer")
     return BpeVocab(tokens, types, _pre_name(tok, pre_json, pre_override, path))
 
 
@@ -158,8 +158,7 @@ def _pre_name(tok, pre_json: dict | None, override: str | None, path: str) -> st
         f"(edgekv runs: {', '.join(sorted(PRE_TOKENIZERS))}); a wrong name tokenizes text differently")
 
 
-def spm_vocab(directory: str, vocab_size: int | None) -> tuple[list[bytes], list[float], list[int]]:
-    """llama.cpp's _create_vocab_sentencepiece."""
+def _load_spm(directory: str):
     from sentencepiece import SentencePieceProcessor
 
     path = os.path.join(directory, "tokenizer.model")
@@ -168,6 +167,16 @@ def spm_vocab(directory: str, vocab_size: int | None) -> tuple[list[bytes], list
         sp.LoadFromFile(path)
     except (OSError, RuntimeError) as e:
         raise ConvertError(f"{path}: sentencepiece cannot load it ({e}); the file is corrupt") from None
+    return sp
+
+
+def spm_size(directory: str) -> int:
+    return _load_spm(directory).vocab_size()
+
+
+def spm_vocab(directory: str, vocab_size: int | None) -> tuple[list[bytes], list[float], list[int]]:
+    """llama.cpp's _create_vocab_sentencepiece."""
+    sp = _load_spm(directory)
     n = sp.vocab_size()
     size = vocab_size or n
     tokens = [f"[PAD{i}]".encode() for i in range(size)]
@@ -192,14 +201,8 @@ def spm_vocab(directory: str, vocab_size: int | None) -> tuple[list[bytes], list
 
 
 def _added_tokens_json(directory: str):
-    path = os.path.join(directory, "added_tokens.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            yield from ((int(i), t) for t, i in json.load(f).items())
+    return ((int(i), t) for t, i in json_file(directory, "added_tokens.json").items())
 
 
 def _added_tokens_decoder(directory: str):
-    path = os.path.join(directory, "tokenizer_config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            yield from ((int(i), d) for i, d in json.load(f).get("added_tokens_decoder", {}).items())
+    return ((int(i), d) for i, d in json_file(directory, "tokenizer_config.json").get("added_tokens_decoder", {}).items())
