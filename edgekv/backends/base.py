@@ -13,9 +13,11 @@ model keeps it and hands it back. A chunk of n_tok tokens is always one call.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -63,6 +65,25 @@ class Backend(ABC):
 
     name: str
     n_workers: int  # threads its kernels may run on: the per-thread scratch rows a session makes
+    _mode = threading.local()  # per thread: whether the rows of a call are independent sequences
+
+    # -- a batch of sequences -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def independent_rows(self) -> Iterator[None]:
+        """Within the block (on this thread), the rows of a call are the single tokens of
+        separate sequences decoded together (batch.py): each row must come out as a one-token
+        pass computes it, bit for bit, so that a batched stream equals its solo run."""
+        before = getattr(self._mode, "independent", False)
+        self._mode.independent = True
+        try:
+            yield
+        finally:
+            self._mode.independent = before
+
+    @property
+    def rows_independent(self) -> bool:
+        return getattr(self._mode, "independent", False)
 
     # -- weights ----------------------------------------------------------------------------
 

@@ -52,6 +52,8 @@ class CPUBackend(Backend):
         n = x.shape[0]
         if n == 1:
             w.matvec(x[0], out[0])
+        elif self.rows_independent:
+            w.matvec_rows(x, out)
         elif kernel_map.batched(n):
             w.matmul_batch(x, out)
         else:
@@ -59,7 +61,7 @@ class CPUBackend(Backend):
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         # on the integer GEMM a chunk's activations are quantized once for all the weights
-        if kernel_map.batched(x.shape[0]) and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws):
+        if not self.rows_independent and kernel_map.batched(x.shape[0]) and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws):
             acts = quantize_chunk(x)
             for w, out in zip(ws, outs):
                 w.matmul_batch(x, out, acts)

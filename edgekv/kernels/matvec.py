@@ -121,6 +121,19 @@ def matvec_serial(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, is
         matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc[0], isum[0], out, order, g)
 
 
+@nb.njit(**PARALLEL_FLAGS)
+def matvec_lanes_rows(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order):
+    # matvec_lanes for every row of x: f32[n_tok, n_cols] -> out: f32[n_tok, n_rows], the rows
+    # being separate sequences' tokens; each group of weight rows is read once for all of them
+    # (xq, xd, xsum, xf: one activation buffer per row)
+    for t in range(x.shape[0]):
+        prepare_x(kind, act_kind, x[t], xq[t], xd[t], xsum[t], xf[t])
+    for g in nb.prange(d.shape[0]):
+        th = nb.get_thread_id()
+        for t in range(x.shape[0]):
+            matvec_group(kind, qs, qh, sc, d, w, xq[t], xd[t], xsum[t], xf[t], acc[th], isum[th], out[t], order, g)
+
+
 @nb.njit(**JIT_FLAGS)
 def matvec_int8dot(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
     # 32-value block types through the int8 dot kernels (int8dot.py): same bits as matvec_lanes;
@@ -253,6 +266,24 @@ class QuantMatrix:
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
             self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order | self._k_flags)
+
+    def matvec_rows(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out[t] = W @ x[t] for rows that are separate sequences' tokens, each exactly as
+        `matvec` computes a single token."""
+        n_tok = x.shape[0] if x.ndim == 2 else -1
+        _check("x", x, (n_tok, self.n_cols))
+        _check("out", out, (n_tok, self.n_rows))
+        if self._int8dot:
+            for t in range(n_tok):
+                self.matvec(x[t], out[t])
+            return
+        p = self._p
+        xq = thread_scratch("rows_xq", n_tok * self._xq.size, np.int8).reshape((n_tok,) + self._xq.shape)
+        xd = thread_scratch("rows_xd", n_tok * self._xd.size).reshape((n_tok,) + self._xd.shape)
+        xsum = thread_scratch("rows_xsum", n_tok * self._xsum.size, np.int32).reshape((n_tok,) + self._xsum.shape)
+        xf = thread_scratch("rows_xf", n_tok * self._xf.size).reshape((n_tok,) + self._xf.shape)
+        matvec_lanes_rows(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w, xq, xd, xsum, xf,
+                          self._acc, self._isum, out, ORDER_GEMV | self._k_flags)
 
     def matmul_exact(self, x: np.ndarray, out: np.ndarray) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T as llama.cpp computes a small batch,

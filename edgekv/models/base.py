@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend
+from ..batch import CacheBatch
 from ..cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf import GGUFFile
@@ -237,6 +238,10 @@ class Decoder:
         (the cache's Reservation) reserved and attend over everything visible; scores are
         (q . k) * scale; out: f32[n, n_heads * head_dim_v]."""
         hp, n = self.hp, q.shape[0]
+        if isinstance(cache, CacheBatch):  # sessions decoding together: each row attends to its own ring
+            for i, (one, r) in enumerate(zip(cache.caches, res.parts)):
+                self.attend(one, s, layer, r, q[i : i + 1], k[i : i + 1], v[i : i + 1], out[i : i + 1], scale)
+            return
         q, k = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
         if cache.observer is not None:  # a calibration pass (kv_calibration.py)
             cache.observer(layer, res.positions, q, k)
