@@ -124,6 +124,9 @@ class Session:
         # longer the start of the conversation (Llama's chat then appends instead of re-rendering)
         self.n_discarded = 0
         self.last_evicted = np.zeros(0, np.int64)  # the positions the last overflow dropped (numbered before it)
+        # who runs this session's forward passes: None = the calling thread; the server's
+        # StepScheduler batches the decode steps of its sessions (server/scheduler.py)
+        self.runner = None
 
     @property
     def n_ctx(self) -> int:
@@ -242,7 +245,10 @@ class Session:
             ran = _PASSES_RUN.setdefault(self.model, set())
             try:
                 with bookkeeping.interruptible() if kind in ran else contextlib.nullcontext():
-                    self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
+                    if self.runner is None:
+                        self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
+                    else:
+                        self.runner.forward(self, chunk, res, rows, logits)
                 ran.add(kind)
             except BaseException:
                 self.cache.rollback(res)

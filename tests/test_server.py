@@ -207,8 +207,9 @@ def test_conversation_reuses_its_prefix(client, llm):
     follow = HELLO + [{"role": "assistant", "content": first.choices[0].message.content},
                       {"role": "user", "content": "And three animals?"}]
     second = client.chat.completions.create(model="m", messages=follow, max_tokens=8, temperature=0)
-    reused = second.usage.prompt_tokens - llm.last_stats.prompt_eval_tokens
-    assert reused >= first.usage.prompt_tokens
+    timings = second.model_extra["timings"]  # llama-server's: cache_n prompt tokens came from the cache
+    assert timings["cache_n"] + timings["prompt_n"] == second.usage.prompt_tokens
+    assert timings["cache_n"] >= first.usage.prompt_tokens
 
 
 def test_disconnect_stops_generation(client, server, llm):

@@ -194,8 +194,7 @@ class CompletionsMixin:
         formatter = self.chat_formatter
         calling = ToolCalling(tools, tool_choice, formatter.template)
         shape = _answer_grammar(calling, grammar, response_format)
-        prompt = formatter.render(calling.messages(messages), add_generation_prompt=True,
-                                  **{**calling.template_kwargs(), **(chat_template_kwargs or {})})
+        prompt = self._render_chat(messages, calling, chat_template_kwargs)
         splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
         ids = formatter.tokenize_prompt(prompt)
         if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
@@ -215,6 +214,19 @@ class CompletionsMixin:
             return chat_chunks(head, pieces, splitter)
         text, finish, records = collect(pieces)
         return chat_completion(head, text, finish, self.last_stats, records, splitter)
+
+
+    def chat_prompt_tokens(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                           tool_choice: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """The ids create_chat_completion would evaluate for these arguments (before an
+        overflow policy's adjustment): how the server finds a request's conversation."""
+        calling = ToolCalling(tools, tool_choice, self.chat_formatter.template)
+        return self.chat_formatter.tokenize_prompt(self._render_chat(messages, calling, chat_template_kwargs))
+
+    def _render_chat(self, messages: list[dict[str, Any]], calling: ToolCalling,
+                     chat_template_kwargs: dict[str, Any] | None) -> str:
+        return self.chat_formatter.render(calling.messages(messages), add_generation_prompt=True,
+                                          **{**calling.template_kwargs(), **(chat_template_kwargs or {})})
 
 
 def _answer_grammar(calling: ToolCalling, grammar: Any, response_format: Any) -> Any:

@@ -13,6 +13,7 @@ llama-cpp-python API (facade.py). Not a Python `with` context manager.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 
@@ -36,6 +37,7 @@ class ContextManager:
                  layer_windows: dict[int, int] | str | None):
         self.model = model
         self.n_batch = n_batch
+        self.runner = None  # given to every session this manager makes (Session.runner)
         self.kv = dict(cache_type_k=cache_type_k, cache_type_v=cache_type_v, context_shift=context_shift,
                        n_keep=n_keep, n_discard=n_discard,
                        layer_windows=_layer_windows(layer_windows, model.hp.n_layers))
@@ -56,8 +58,25 @@ class ContextManager:
             requested = _plan_n_ctx(n_ctx) or model.hp.n_ctx_train
             self.plan = self._plan(0, 0, requested)
             self._cap = requested
-        self.session: Session = self.new_session(self.plan.n_ctx)
+        self.session = self.new_session(self.plan.n_ctx)
         self._log_plan()
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @session.setter
+    def session(self, session: Session) -> None:
+        session.runner = self.runner
+        self._session = session
+
+    def fork(self, runner=None) -> "ContextManager":
+        """A manager with the same options and plan over a new, empty session of the
+        current plan's size (another conversation on the same model); runner: Session.runner."""
+        other = copy.copy(self)
+        other.runner = runner
+        other.session = self.new_session(self.plan.n_ctx)
+        return other
 
     def _budget(self, mem_budget: int | str | None) -> int | None:
         if mem_budget is None:

@@ -19,6 +19,7 @@ hardware options that mean nothing here (n_gpu_layers, use_mmap, ...) are accept
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any, Iterator, Sequence
@@ -90,6 +91,17 @@ class Llama(CompletionsMixin, StateMixin):
                          if not isinstance(v, (list, tuple, np.ndarray))}
         self.last_stats = GenerationStats()
         self._fingerprint: str | None = None
+
+    def fork(self, runner: Any = None) -> "Llama":
+        """Another conversation on the same loaded model: a Llama that shares the weights,
+        tokenizer, chat template and options, with its own empty context (the current plan's
+        size) and statistics. What `edgekv serve` gives each of its sessions; runner: who runs
+        its forward passes (Session.runner; None: the calling thread)."""
+        other = copy.copy(self)
+        other._ctx = self._ctx.fork(runner)
+        other._scores = np.empty((0, self.n_vocab()), np.float32)
+        other.last_stats = GenerationStats()
+        return other
 
     # -- the context plan --------------------------------------------------------------------
 

@@ -1,15 +1,16 @@
-"""`edgekv serve`'s web application: an OpenAI-compatible HTTP API over one `Llama`.
+"""`edgekv serve`'s web application: an OpenAI-compatible HTTP API over one loaded model.
 
 What lives here: `create_app(llm, ...)` (a Starlette app with /v1/chat/completions,
-/v1/completions, /v1/models and /health; the API key and body-size checks), server-sent
-events for streams, mapping edgekv's exceptions to HTTP errors, and `GenerationQueue`: one
-generation at a time on a worker thread (the model is not thread-safe), at most
-`max_queue` requests waiting (429 beyond), and a client that goes away stops its
-generation. Requests share the one `Llama`, so a conversation whose next request extends
-it reuses the evaluated prefix (api/facade.py does that).
+/v1/completions, /v1/models, /health, /slots and /metrics; the API key and body-size
+checks), server-sent events for streams, mapping edgekv's exceptions to HTTP errors, and
+wiring a request to its conversation: the request's prompt ids pick a conversation from the
+SessionPool (sessions.py; or its `session_id` / `user` field does), the generation runs on a
+GenerationQueue worker (queue.py) through that conversation's `Llama` fork, and its forward
+passes run on the StepScheduler's thread (scheduler.py), which decodes the generating
+requests together. A client that goes away stops its generation.
 What does not: checking a request's fields and the error shape (requests.py), HTTP
 itself (Starlette and uvicorn), the command line and the listening socket (cli/serve.py),
-generation and the response dicts (api/facade.py, api/responses.py).
+generation and the response dicts (api/facade.py, api/responses.py), /metrics' text (metrics.py).
 """
 
 from __future__ import annotations
@@ -20,153 +21,29 @@ import hmac
 import json
 import logging
 import os
-import threading
+import shutil
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..api.responses import usage
 from ..errors import ContextFullError, EdgeKVError
-from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE
+from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, DEFAULT_SPILL_MAX
+from .metrics import CONTENT_TYPE, ServerStats, prometheus_text
+from .queue import END as _END
+from .queue import GenerationQueue, _Job
 from .requests import (ApiError, chat_messages, chat_template_options, completion_prompt, field, sampling_options,
-                       stream_flags)
+                       session_key, stream_flags)
+from .scheduler import StepScheduler
+from .sessions import Conversation, SessionPool
 
 log = logging.getLogger("edgekv")
-
-_END = object()  # a job's last item
-
-
-# -- the generation queue -----------------------------------------------------------------------
-
-class _Job:
-    """One request's generation: `work()` runs on the worker thread and returns a response
-    dict or an iterator of chunk dicts; the items reach the event loop through `next()`."""
-
-    def __init__(self, work: Callable[["_Job"], Any]):
-        self.work = work
-        self.loop = asyncio.get_running_loop()
-        self.items: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()  # set from the event loop when the client is gone
-        self.stopped_early = False
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def should_stop(self, *_: Any) -> bool:
-        """A stopping criterion for the facade: stop at the next token once cancelled."""
-        return self.cancelled.is_set()
-
-    def run(self) -> None:  # on the worker thread
-        try:
-            if self.cancelled.is_set():  # the client left while waiting
-                self.stopped_early = True
-                return
-            result = self.work(self)
-            if isinstance(result, dict):
-                self._put(result)
-            else:
-                self._drain(result)
-            self.stopped_early = self.stopped_early or self.cancelled.is_set()
-        except Exception as exc:  # handed to the request, which answers it
-            self._put(exc)
-        finally:
-            self._put(_END)
-
-    def _drain(self, chunks: Iterator[dict]) -> None:
-        try:
-            for chunk in chunks:
-                if self.cancelled.is_set():
-                    self.stopped_early = True
-                    return
-                self._put(chunk)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-
-    def _put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-    async def next(self) -> Any:
-        item = await self.items.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
-class GenerationQueue:
-    """Runs jobs one at a time on one worker thread; admits at most 1 + max_queue at once.
-
-    Counters (read them for monitoring and tests): `pending` (running + waiting),
-    `finished`, `stopped_early` (generations cut short because the client went away)."""
-
-    def __init__(self, max_queue: int = DEFAULT_MAX_QUEUE):
-        assert max_queue >= 0
-        self.max_queue = max_queue
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgekv-generate")
-        self._lock = threading.Lock()
-        self.pending = self.finished = self.stopped_early = 0
-
-    def _admit(self) -> None:
-        with self._lock:
-            if self.pending >= 1 + self.max_queue:
-                raise ApiError(429, f"the server is busy: {self.pending - 1} requests are already waiting "
-                                    f"(--queue {self.max_queue}); retry later", type="rate_limit_error",
-                               code="queue_full")
-            self.pending += 1
-
-    def _done(self, stopped_early: bool) -> None:
-        with self._lock:
-            self.pending -= 1
-            self.finished += 1
-            self.stopped_early += bool(stopped_early)
-
-    def submit(self, work: Callable[[_Job], Any]) -> _Job:
-        """Queue `work` (ApiError 429 when the queue is full); call from the event loop."""
-        self._admit()
-        job = _Job(work)
-
-        def run() -> None:
-            try:
-                job.run()
-            finally:
-                self._done(job.stopped_early)
-
-        self._executor.submit(run)
-        return job
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """Occupy the model outside any request until the block ends, as a request would
-        (maintenance work on the Llama; tests of a full queue). Callable from any thread."""
-        self._admit()
-        started, release = threading.Event(), threading.Event()
-
-        def occupy() -> None:
-            started.set()
-            release.wait()
-
-        future = self._executor.submit(occupy)
-        started.wait()
-        try:
-            yield
-        finally:
-            release.set()
-            future.result()
-            self._done(False)
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
 
 # -- the application ------------------------------------------------------------------------------
 
@@ -185,11 +62,14 @@ class _EventStream(StreamingResponse):
 
 
 class _Api:
-    """The endpoints, bound to one Llama and one GenerationQueue."""
+    """The endpoints, bound to one model (`llm`, whose forks hold the conversations), its
+    GenerationQueue, SessionPool and StepScheduler."""
 
     def __init__(self, llm: Any, model_id: str, api_key: str | None, max_body: int, queue: GenerationQueue,
-                 reasoning_format: str = "auto", chat_template_kwargs: dict | None = None):
+                 pool: SessionPool, scheduler: StepScheduler, reasoning_format: str = "auto",
+                 chat_template_kwargs: dict | None = None):
         self.llm, self.model_id, self.api_key, self.max_body, self.queue = llm, model_id, api_key, max_body, queue
+        self.pool, self.scheduler, self.stats = pool, scheduler, ServerStats()
         self.reasoning_format, self.chat_template_kwargs = reasoning_format, chat_template_kwargs
         self.created = int(time.time())
 
@@ -233,26 +113,57 @@ class _Api:
         model = dict(id=self.model_id, object="model", created=self.created, owned_by="edgekv")
         return JSONResponse(dict(object="list", data=[model]))
 
+    async def slots(self, request: Request) -> JSONResponse:
+        self._check_key(request)
+        return JSONResponse(dict(sessions=self.pool.describe(), totals=self.pool.totals(), slots=self.pool.slots,
+                                 kv_budget=self.pool.kv_budget, parallel=self.queue.parallel))
+
+    async def metrics(self, request: Request) -> Response:
+        self._check_key(request)
+        return Response(prometheus_text(self.stats, self.queue, self.scheduler, self.pool), media_type=CONTENT_TYPE)
+
     async def chat_completions(self, request: Request):
         body = await self._read_json(request)
         messages, options = chat_messages(body), sampling_options(body, self.llm.n_vocab())
         options.update(chat_template_options(body, self.reasoning_format, self.chat_template_kwargs))
-        return await self._generate(request, body, lambda **kw: self.llm.create_chat_completion(messages, **kw),
-                                    options)
+
+        def prompt_ids() -> list[int]:
+            return self.llm.chat_prompt_tokens(messages, tools=options.get("tools"),
+                                               tool_choice=options.get("tool_choice"),
+                                               chat_template_kwargs=options.get("chat_template_kwargs"))
+
+        return await self._generate(request, body, prompt_ids,
+                                    lambda llm, **kw: llm.create_chat_completion(messages, **kw), options)
 
     async def completions(self, request: Request):
         body = await self._read_json(request)
         prompt, options = completion_prompt(body, self.llm.n_vocab()), sampling_options(body, self.llm.n_vocab())
         options.update({k: body[k] for k in ("echo", "suffix") if body.get(k) is not None})
-        return await self._generate(request, body, lambda **kw: self.llm.create_completion(prompt, **kw), options)
 
-    async def _generate(self, request: Request, body: dict, call: Callable[..., Any], options: dict):
+        def prompt_ids() -> list[int]:
+            return self.llm.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+
+        return await self._generate(request, body, prompt_ids,
+                                    lambda llm, **kw: llm.create_completion(prompt, **kw), options)
+
+    async def _generate(self, request: Request, body: dict, prompt_ids: Callable[[], list[int]],
+                        call: Callable[..., Any], options: dict):
         stream, include_usage = stream_flags(body)
         model = field(body, "model", str, "a string") or self.model_id
+        key = session_key(body)
 
-        def work(job: _Job) -> Any:
-            result = call(model=model, stream=stream, stopping_criteria=job.should_stop, **options)
-            return self._with_usage(result) if stream and include_usage else result
+        def work(job: _Job) -> Any:  # on a worker thread
+            conv = self.pool.checkout(prompt_ids(), key)
+            try:
+                with self.scheduler.member():
+                    result = call(conv.llm, model=model, stream=stream, stopping_criteria=job.should_stop, **options)
+                    if not stream:
+                        self._finished(conv, True)
+                        return dict(result, timings=timings(conv.llm.last_stats))
+            except BaseException:
+                self._finished(conv, False)
+                raise
+            return self._streamed(conv, result, include_usage)
 
         job = self.queue.submit(work)
         first = await _first_or_disconnect(job, request)
@@ -262,17 +173,39 @@ class _Api:
             return JSONResponse(first)
         return _EventStream(_events(first, job, request), job)
 
-    def _with_usage(self, chunks: Iterator[dict]) -> Iterator[dict]:
-        """stream_options.include_usage: a last chunk with no choices and the usage."""
-        last = None
+    def _streamed(self, conv: Conversation, chunks: Iterator[dict], include_usage: bool) -> Iterator[dict]:
+        """A stream's chunks, generated as the worker thread asks for them (the conversation
+        stays checked out until it ends); stream_options.include_usage: a last chunk with no
+        choices and the usage."""
+        last, ok = None, False
         try:
-            for last in chunks:
-                yield last
+            with self.scheduler.member():
+                for last in chunks:
+                    yield last
+            ok = True
         finally:
             chunks.close()
-        if last is not None:
+            self._finished(conv, ok)
+        if include_usage and last is not None:
             head = {k: last[k] for k in ("id", "object", "created", "model")}
-            yield dict(head, choices=[], usage=usage(self.llm.last_stats))
+            yield dict(head, choices=[], usage=usage(conv.llm.last_stats), timings=timings(conv.llm.last_stats))
+
+    def _finished(self, conv: Conversation, ok: bool) -> None:
+        if ok:
+            self.stats.record(conv.llm.last_stats)
+        else:
+            self.stats.record_failure()
+        self.pool.checkin(conv)
+
+
+def timings(stats: Any) -> dict[str, Any]:
+    """llama-server's `timings` of a response: prompt tokens evaluated (prompt_n) and found in
+    the conversation's cache (cache_n), generated tokens (predicted_n), and their times."""
+    prompt_ms, predicted_ms = stats.prompt_eval_s * 1e3, stats.gen_s * 1e3
+    return dict(cache_n=max(0, stats.prompt_tokens - stats.prompt_eval_tokens), prompt_n=stats.prompt_eval_tokens,
+                prompt_ms=round(prompt_ms, 3), predicted_n=stats.gen_tokens, predicted_ms=round(predicted_ms, 3),
+                prompt_per_second=round(stats.prompt_eval_tokens / stats.prompt_eval_s, 3) if stats.prompt_eval_s else 0,
+                predicted_per_second=round(stats.gen_tokens / stats.gen_s, 3) if stats.gen_s else 0)
 
 
 async def _first_or_disconnect(job: _Job, request: Request) -> Any:
@@ -341,30 +274,57 @@ async def _http_error_response(request: Request, exc: HTTPException) -> JSONResp
 
 def create_app(llm: Any, *, model_id: str | None = None, api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, max_body: int = DEFAULT_MAX_BODY,
-               reasoning_format: str = "auto", chat_template_kwargs: dict | None = None) -> Starlette:
-    """The OpenAI-compatible app over `llm` (an edgekv Llama). api_key: required as
-    `Authorization: Bearer KEY` on /v1/* (not /health). max_queue: requests that may wait
-    while one generates (0: answer 429 whenever the model is busy). max_body: bytes.
-    reasoning_format / chat_template_kwargs: the defaults of those chat request fields
-    (llama-server's: a <think> block comes back as reasoning_content). app.state.queue is
-    the GenerationQueue (its counters, `hold()`)."""
-    queue = GenerationQueue(max_queue)
-    api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue, reasoning_format,
-               chat_template_kwargs)
+               reasoning_format: str = "auto", chat_template_kwargs: dict | None = None, parallel: int = 1,
+               slots: int | None = None, kv_budget: int | None = None, spill_dir: str | None = None,
+               spill_max: int = DEFAULT_SPILL_MAX) -> Starlette:
+    """The OpenAI-compatible app over `llm` (an edgekv Llama; each conversation gets a fork of
+    it). api_key: required as `Authorization: Bearer KEY` on /v1/*, /slots and /metrics (not
+    /health). parallel: generations at once (their decode steps run batched); max_queue:
+    requests that may wait beyond them (0: answer 429 whenever all are busy). max_body: bytes.
+    slots: most conversations whose KV cache stays in memory (default max(parallel, 4));
+    kv_budget: bytes those caches may take together (default: the memory plan's budget, at
+    least `parallel` sessions); spill_dir / spill_max: where idle conversations are written to
+    make room, and how many bytes of them may wait there (default: a temporary directory,
+    removed when the app stops). reasoning_format / chat_template_kwargs: the defaults of those
+    chat request fields (llama-server's: a <think> block comes back as reasoning_content).
+    app.state.queue / .pool / .scheduler: the GenerationQueue (its counters, `hold()`), the
+    SessionPool and the StepScheduler."""
+    slots = max(parallel, DEFAULT_SLOTS) if slots is None else slots
+    if slots < parallel:
+        raise EdgeKVError(f"--slots {slots} is fewer than --parallel {parallel}: each generation needs its own session")
+    session_bytes = llm._session.cache.nbytes
+    if kv_budget is None:
+        kv_budget = max(llm.kv_plan.mem_budget or 0, parallel * session_bytes)
+    elif kv_budget < parallel * session_bytes:
+        raise EdgeKVError(f"--kv-budget {kv_budget:,} bytes cannot hold --parallel {parallel} sessions of "
+                          f"{session_bytes:,} bytes (n_ctx={llm.n_ctx()}); raise it, or lower -c or --parallel")
+    own_spill_dir = spill_dir is None
+    spill_dir = tempfile.mkdtemp(prefix="edgekv-spill-") if own_spill_dir else spill_dir
+    queue = GenerationQueue(max_queue, parallel)
+    scheduler = StepScheduler(llm._model.network, parallel)
+    pool = SessionPool(llm, slots, kv_budget, spill_dir, spill_max, runner=scheduler)
+    api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue, pool, scheduler,
+               reasoning_format, chat_template_kwargs)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
+        Route("/slots", api.slots, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         queue.shutdown()
+        scheduler.stop()
+        pool.close()
+        if own_spill_dir:
+            shutil.rmtree(spill_dir, ignore_errors=True)
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: _api_error_response, HTTPException: _http_error_response})
-    app.state.queue = queue
+    app.state.queue, app.state.pool, app.state.scheduler, app.state.stats = queue, pool, scheduler, api.stats
     app.state.llm = llm
     return app

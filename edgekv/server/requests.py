@@ -195,3 +195,12 @@ def completion_prompt(body: dict, n_vocab: int) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError(400, "'prompt': one prompt per request is supported", param="prompt")
     raise ApiError(400, "'prompt' is required: a string or a list of token ids", param="prompt")
+
+
+def session_key(body: dict) -> str | None:
+    """The conversation a request names: edgekv's `session_id`, else OpenAI's `user`; None:
+    matched by its prompt (server/sessions.py)."""
+    key = field(body, "session_id", (str, int), "a string")
+    if key is None:
+        key = field(body, "user", str, "a string")
+    return None if key is None else str(key)
