@@ -183,6 +183,9 @@ class _Api:
                 for last in chunks:
                     yield last
             ok = True
+        except GeneratorExit:  # the client went away: a finished request, not a failed one
+            ok = True
+            raise
         finally:
             chunks.close()
             self._finished(conv, ok)

@@ -3,7 +3,7 @@
 What lives here: `SessionPool`. Each conversation is a `Llama.fork()` of the server's model
 (weights loaded once) holding its own KV session. A request is matched to a conversation by
 an explicit key (the `session_id` or `user` field) or else by the longest common token
-prefix with an idle conversation, live or spilled (llama-server's slot similarity: the
+prefix with an idle conversation, live or spilled (as llama-server's slot similarity: the
 prefix must cover at least SIMILARITY of that conversation); otherwise it starts a new one.
 At most `slots` conversations are live, and their caches together stay within `kv_budget`
 bytes; to make room the least recently used idle conversation is spilled: its session is
@@ -34,7 +34,11 @@ from ..errors import EdgeKVError
 
 log = logging.getLogger("edgekv")
 
-SIMILARITY = 0.5  # a request continues an idle conversation when it shares this much of it (llama-server's default)
+# a request continues an idle conversation when its prompt shares this much of the conversation's
+# tokens (llama-server's --slot-prompt-similarity, whose 0.5 would let a new chat that shares only a
+# system prompt take over, and truncate, a short idle one; the end of a previous answer may
+# re-tokenize differently, so not 1.0)
+SIMILARITY = 0.9
 
 
 @dataclass(eq=False)
