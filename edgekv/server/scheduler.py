@@ -9,8 +9,8 @@ by the whole prompt. A request joins the batch with its first decode step and le
 when its generation ends (`member()`), between steps.
 
 When does a decode step start? When every member thread that is decoding has handed in its
-next token (they sample between steps), or `max_wait_s` after the first one arrived (a
-member busy elsewhere does not hold the others up). Who is decoding: a member thread that
+next token (they sample between steps), or `max_wait_s` after a token waited on a free model
+(a member busy elsewhere does not hold the others up). Who is decoding: a member thread that
 handed in a decode step since its last prefill chunk.
 
 Errors: a pass that raises fails its own chunk only; a batched step that raises is re-run
@@ -72,6 +72,7 @@ class StepScheduler:
         self._members: set[int] = set()
         self._decoding: set[int] = set()
         self._prefill_next = False
+        self._free_since = 0.0  # when the last pass ended
         self._stopped = False
         self.steps = self.step_tokens = self.max_rows = self.prefill_chunks = 0
         self._thread = threading.Thread(target=self._loop, name="edgekv-model", daemon=True)
@@ -143,6 +144,7 @@ class StepScheduler:
                 self._run_steps(work)
             else:
                 self._run_prefill(work)
+            self._free_since = time.monotonic()
 
     def _steps_ready(self) -> bool:
         if not self._decode:
@@ -150,12 +152,18 @@ class StepScheduler:
         handed_in = {item.thread for item in self._decode}
         if self._decoding <= handed_in or len(self._decode) >= self.max_batch:
             return True
-        return time.monotonic() - self._decode[0].since >= self.max_wait_s
+        return time.monotonic() - self._waiting_since() >= self.max_wait_s
+
+    def _waiting_since(self) -> float:
+        # from when the model was free and a step waited: a token handed in during the previous
+        # pass must not start the next one alone while the others are still sampling theirs
+        # (two streams would alternate for ever, never batched)
+        return max(self._decode[0].since, self._free_since)
 
     def _wait_time(self) -> float | None:
         if not self._decode:
             return None
-        return max(0.0, self.max_wait_s - (time.monotonic() - self._decode[0].since))
+        return max(0.0, self.max_wait_s - (time.monotonic() - self._waiting_since()))
 
     def _next_work(self) -> list[_Pending] | _Pending | None:
         """Under the lock: the decode steps to run together, or a prefill chunk, or None.
