@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -135,22 +134,16 @@ def run_engine(model: str, reps: int) -> dict[int, list[float]]:
 
 
 def run_edgekv(model: str, reps: int) -> dict:
-    import uvicorn
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_server import serving  # uvicorn on a free port in a thread, as the server tests run it
 
     from edgekv import Llama
     from edgekv.server import create_app
 
     llm = Llama(model, n_ctx=1024)
     app = create_app(llm, parallel=4, slots=5)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    port = sock.getsockname()[1]
     probe = "Summarise the following text. " + "The quick brown fox jumps over the lazy dog. " * 9
-    try:
+    with serving(app) as port:
         aggregate(port, 4)  # warm-up: kernels, every batch size
         aggregate(port, 2)
         rates = {n: [] for n in STREAMS}
@@ -161,9 +154,6 @@ def run_edgekv(model: str, reps: int) -> dict:
             # prompts that share no prefix with any earlier one: nothing comes from a cache
             idle.append(ttft(port, f"Request {len(idle)} (idle). " + probe))
             busy.append(ttft_busy(port, f"Query {len(busy)} (busy). " + probe))
-    finally:
-        server.should_exit = True
-        thread.join(60)
     return dict(rates=rates, idle=idle, busy=busy, max_rows=app.state.scheduler.max_rows)
 
 
