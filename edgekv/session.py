@@ -85,6 +85,16 @@ def _tallies(cache: KVCache) -> dict[str, np.ndarray]:
     return dict(attention=_frozen_copy(mass), attention_seen=_frozen_copy(seen))
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Session:
     def __init__(self, model, n_ctx: int, n_batch: int = 512, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
@@ -272,12 +282,7 @@ class Session:
         self._ends[n_tokens] = row.copy()
 
     def common_prefix(self, ids: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.tokens, ids)
 
     def snapshot(self) -> SessionState:
         """A copy of the tokens, the cache and the last logits, for `restore`."""

@@ -36,6 +36,11 @@ class GenerationStats:
     gen_s: float = 0.0
 
     @property
+    def prompt_cached(self) -> int:
+        """Prompt tokens that came from the cache (prefix reuse), not evaluated."""
+        return max(0, self.prompt_tokens - self.prompt_eval_tokens)
+
+    @property
     def prompt_tokens_per_s(self) -> float:
         return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
 

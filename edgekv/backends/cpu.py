@@ -61,7 +61,8 @@ class CPUBackend(Backend):
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         # on the integer GEMM a chunk's activations are quantized once for all the weights
-        if not self.rows_independent and kernel_map.batched(x.shape[0]) and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws):
+        if (not self.rows_independent and kernel_map.batched(x.shape[0])
+                and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws)):
             acts = quantize_chunk(x)
             for w, out in zip(ws, outs):
                 w.matmul_batch(x, out, acts)

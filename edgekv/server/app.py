@@ -204,11 +204,10 @@ class _Api:
 def timings(stats: Any) -> dict[str, Any]:
     """llama-server's `timings` of a response: prompt tokens evaluated (prompt_n) and found in
     the conversation's cache (cache_n), generated tokens (predicted_n), and their times."""
-    prompt_ms, predicted_ms = stats.prompt_eval_s * 1e3, stats.gen_s * 1e3
-    return dict(cache_n=max(0, stats.prompt_tokens - stats.prompt_eval_tokens), prompt_n=stats.prompt_eval_tokens,
-                prompt_ms=round(prompt_ms, 3), predicted_n=stats.gen_tokens, predicted_ms=round(predicted_ms, 3),
-                prompt_per_second=round(stats.prompt_eval_tokens / stats.prompt_eval_s, 3) if stats.prompt_eval_s else 0,
-                predicted_per_second=round(stats.gen_tokens / stats.gen_s, 3) if stats.gen_s else 0)
+    return dict(cache_n=stats.prompt_cached, prompt_n=stats.prompt_eval_tokens,
+                prompt_ms=round(stats.prompt_eval_s * 1e3, 3), predicted_n=stats.gen_tokens,
+                predicted_ms=round(stats.gen_s * 1e3, 3), prompt_per_second=round(stats.prompt_tokens_per_s, 3),
+                predicted_per_second=round(stats.gen_tokens_per_s, 3))
 
 
 async def _first_or_disconnect(job: _Job, request: Request) -> Any:

@@ -29,7 +29,7 @@ class ServerStats:
         with self._lock:
             self.requests += 1
             self.prompt_tokens_evaluated += stats.prompt_eval_tokens
-            self.prompt_tokens_cached += max(0, stats.prompt_tokens - stats.prompt_eval_tokens)
+            self.prompt_tokens_cached += stats.prompt_cached
             self.tokens_predicted += stats.gen_tokens
             self.prompt_seconds += stats.prompt_eval_s
             self.predicted_seconds += stats.gen_s

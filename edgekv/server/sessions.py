@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EdgeKVError
+from ..session import common_prefix
 
 log = logging.getLogger("edgekv")
 
@@ -64,15 +65,6 @@ class Conversation:
     @property
     def nbytes(self) -> int:
         return self.llm._session.cache.nbytes if self.llm is not None else 0
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class SessionPool:
@@ -126,7 +118,7 @@ class SessionPool:
             conv.tokens = list(llm._session.tokens)
             stats = llm.last_stats
             conv.last_prompt_evaluated = stats.prompt_eval_tokens
-            conv.last_prompt_cached = max(0, stats.prompt_tokens - stats.prompt_eval_tokens)
+            conv.last_prompt_cached = stats.prompt_cached
             conv.last_used = time.time()
             conv.busy = False
             self._cv.notify_all()
@@ -175,10 +167,7 @@ class SessionPool:
 
     def _spill(self, conv: Conversation) -> None:
         llm, conv.llm = conv.llm, None
-        if not conv.tokens:
-            self._forget(conv)
-            return
-        if self.spill_dir is None:
+        if not conv.tokens or self.spill_dir is None:  # nothing to keep, or nowhere to keep it
             self._forget(conv)
             return
         path = os.path.join(self.spill_dir, f"session-{conv.id}.state")
