@@ -294,17 +294,13 @@ def create_app(llm: Any, *, model_id: str | None = None, api_key: str | None = N
     slots = max(parallel, DEFAULT_SLOTS) if slots is None else slots
     if slots < parallel:
         raise EdgeKVError(f"--slots {slots} is fewer than --parallel {parallel}: each generation needs its own session")
-    session_bytes = llm._session.cache.nbytes
     if kv_budget is None:
-        kv_budget = max(llm.kv_plan.mem_budget or 0, parallel * session_bytes)
-    elif kv_budget < parallel * session_bytes:
-        raise EdgeKVError(f"--kv-budget {kv_budget:,} bytes cannot hold --parallel {parallel} sessions of "
-                          f"{session_bytes:,} bytes (n_ctx={llm.n_ctx()}); raise it, or lower -c or --parallel")
+        kv_budget = max(llm.kv_plan.mem_budget or 0, parallel * llm._session.cache.nbytes)
     own_spill_dir = spill_dir is None
     spill_dir = tempfile.mkdtemp(prefix="edgekv-spill-") if own_spill_dir else spill_dir
     queue = GenerationQueue(max_queue, parallel)
     scheduler = StepScheduler(llm._model.network, parallel)
-    pool = SessionPool(llm, slots, kv_budget, spill_dir, spill_max, runner=scheduler)
+    pool = SessionPool(llm, slots, kv_budget, spill_dir, spill_max, runner=scheduler, parallel=parallel)
     api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue, pool, scheduler,
                reasoning_format, chat_template_kwargs)
     routes = [

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -206,7 +206,3 @@ class StepScheduler:
         self.max_rows = max(self.max_rows, len(batch))
         for item in batch:
             item.finish()
-
-    def counters(self) -> dict[str, Any]:
-        return dict(steps=self.steps, step_tokens=self.step_tokens, max_rows=self.max_rows,
-                    prefill_chunks=self.prefill_chunks)

@@ -70,21 +70,23 @@ class Conversation:
 class SessionPool:
     """Conversations over one model `llm` (a Llama: its forks hold the sessions).
 
-    slots: most live conversations; kv_budget: bytes their KV caches may take together;
+    slots: most live conversations; kv_budget: bytes their KV caches may take together (at
+    least `parallel` sessions: each running generation holds one); runner: Session.runner;
     spill_dir / spill_max: where idle conversations go when room is needed, and how many bytes
     of files may wait there (None spill_dir: idle conversations are dropped instead).
     Counters: spills, restores, spill_errors, dropped (conversations forgotten)."""
 
     def __init__(self, llm: Any, slots: int, kv_budget: int, spill_dir: str | None, spill_max: int,
-                 runner: Any = None):
+                 runner: Any = None, parallel: int = 1):
         self.llm, self.slots, self.kv_budget = llm, slots, kv_budget
         self.spill_dir, self.spill_max, self.runner = spill_dir, spill_max, runner
         self.session_bytes = llm._session.cache.nbytes  # a fork's, at the plan's n_ctx
         if slots < 1:
             raise EdgeKVError(f"--slots must be at least 1, got {slots}")
-        if kv_budget < self.session_bytes:
-            raise EdgeKVError(f"--kv-budget {kv_budget:,} bytes cannot hold one session's KV cache "
-                              f"({self.session_bytes:,} bytes at n_ctx={llm.n_ctx()}); raise it or lower -c")
+        if kv_budget < parallel * self.session_bytes:  # each running generation holds a live session
+            raise EdgeKVError(f"--kv-budget {kv_budget:,} bytes cannot hold --parallel {parallel} sessions of "
+                              f"{self.session_bytes:,} bytes (n_ctx={llm.n_ctx()}); raise it, or lower -c or "
+                              f"--parallel")
         if spill_dir is not None:
             os.makedirs(spill_dir, exist_ok=True)
         llm.model_fingerprint  # computed once here, shared by every fork (state files carry it)
