@@ -1,6 +1,6 @@
 """The machine-specific fast paths against the portable kernels they replace.
 
-The LLVM-IR kernels (kernels/dot_ir.py on AVX512-VNNI or Arm sdot, the f16 dot in attention.py, the in-place
+The LLVM-IR kernels (kernels/dot_ir.py on AVX512-VNNI, AVX2 or Arm sdot, the f16 dot in attention.py, the in-place
 Q8_0/Q4_0 cache rows in attention_q.py) and the intrinsics (kernels/intrinsics.py) exist
 for speed only; the exact ones must give the same bits as the portable Numba code (which
 test_reference_models holds to llama.cpp), the quantized-cache ones the same values up to
@@ -26,11 +26,14 @@ from edgekv.kernels.int8dot import CHUNK, HAS_INT8DOT, ISA, TYPES as INT8DOT_TYP
 import numba as nb
 
 
+NO_INT8DOT = "the CPU has no int8 dot product (AVX512-VNNI, AVX2, Arm sdot)"
+
+
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
 
 
-@pytest.mark.skipif(not HAS_INT8DOT, reason="the CPU has no int8 dot product (AVX512-VNNI, Arm sdot)")
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
 @pytest.mark.parametrize("shape", [(200, 1024), (37, 96), (8, 32)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("ggml_type", INT8DOT_TYPES, ids=lambda t: T(t).name)
 def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
@@ -54,7 +57,29 @@ def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
     assert same_bits(*rows)
 
 
-@pytest.mark.skipif(not HAS_INT8DOT, reason="the CPU has no int8 dot product (AVX512-VNNI, Arm sdot)")
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("codes", [(-128, -128), (127, 127), (-128, 127)], ids=str)
+def test_int8dot_q8_0_extreme_codes_are_exact(codes):
+    # the largest pair sums an int8 instruction sees (AVX2's vpmaddubsw adds byte products in
+    # pairs into int16, saturating): codes at the ends of int8, activations at +-127 of one sign
+    n_rows, n_cols = 16, 256
+    blocks = np.zeros((n_rows, n_cols // 32, 34), np.uint8)
+    blocks[..., :2] = np.full(blocks.shape[:2], 1.0, np.float16).view(np.uint8).reshape(*blocks.shape[:2], 2)
+    blocks[..., 2::2], blocks[..., 3::2] = np.uint8(codes[0] & 0xFF), np.uint8(codes[1] & 0xFF)
+    raw = blocks.reshape(n_rows, -1)
+    fast = QuantMatrix(raw, int(T.Q8_0), n_rows, n_cols)
+    portable = QuantMatrix(raw, int(T.Q8_0), n_rows, n_cols, use_int8dot=False)
+    assert fast.uses_int8dot
+    for sign in (1.0, -1.0):
+        x = np.full(n_cols, sign, np.float32)  # every activation code is sign * 127, d_x = f16(1/127)
+        out, ref = np.zeros(n_rows, np.float32), np.zeros(n_rows, np.float32)
+        fast.matvec(x, out)
+        portable.matvec(x, ref)
+        assert same_bits(out, ref)
+        np.testing.assert_allclose(out, sign * 128 * (codes[0] + codes[1]), rtol=1e-3)  # 8 blocks x 16 pairs
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
 @pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)], ids=lambda t: T(t).name)
 def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
     # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block

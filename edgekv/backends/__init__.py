@@ -1,7 +1,7 @@
 """Where the arithmetic runs: choosing a backend.
 
 Backends: `cpu` (Numba; the int8 dot-product LLVM-IR kernels where the CPU has them,
-AVX512-VNNI on x86 and sdot on Arm, the portable kernels elsewhere) and `cpu-portable`
+AVX512-VNNI or else AVX2 on x86, sdot on Arm, the portable kernels elsewhere) and `cpu-portable`
 (always the portable kernels: a way to check them on any machine). A `cuda` backend is planned.
 Chosen by `backend=` (Llama, edgekv.load), `--backend` on the CLI, or EDGEKV_BACKEND;
 `auto` (the default) takes the best that runs here. A backend that was asked for and

@@ -8,7 +8,7 @@ the *batch* path, which reads each weight once for the whole chunk and differs f
 llama.cpp in the last bits (perplexity within 1%, tests/test_perplexity.py).
 
 Weights (`cpu` = the int8 dot-product kernels where the CPU has them: AVX512-VNNI on x86
-with avx512vnni + avx512f + f16c, sdot on Arm with asimddp (ARMv8.2 dot product, e.g.
+with avx512vnni + avx512f + f16c, else AVX2's vpmaddubsw pair with avx2 + fma + f16c, sdot on Arm with asimddp (ARMv8.2 dot product, e.g.
 Jetson Orin); else the portable kernels. `cpu-portable` = always the portable kernels):
 
 | weight type               | n < 64 (decode, short chunks)              | n >= 64, cpu with int8 dot         | n >= 64, portable                 |
@@ -62,12 +62,12 @@ def batched(n_tokens: int) -> bool:
 
 
 def int8dot_available() -> bool:
-    """Whether this CPU runs the int8 dot-product kernels (AVX512-VNNI or sdot)."""
+    """Whether this CPU runs the int8 dot-product kernels (AVX512-VNNI, AVX2 or sdot)."""
     return HAS_INT8DOT
 
 
 def int8dot_name() -> str:
-    """This CPU's int8 dot-product instruction set ("avx512-vnni", "sdot"), or "none"."""
+    """This CPU's int8 dot-product instruction set ("avx512-vnni", "avx2", "sdot"), or "none"."""
     return ISA.name if ISA is not None else "none"
 
 

@@ -1,5 +1,6 @@
 """Matrix kernels for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights in LLVM IR, for any CPU
-with an int8 dot-product instruction: x86's `vpdpbusd` (vnni.py) and Arm's `sdot` (sdot.py).
+with an int8 dot-product instruction: x86's `vpdpbusd` (vnni.py) or AVX2's
+`vpmaddubsw` + `vpmaddwd` pair (avx2.py), and Arm's `sdot` (sdot.py).
 
 Why: the portable kernels (dot_q.py) compute ggml's 8 integer lanes per block for 64
 rows, store them, and FMA them into 8 float accumulators in a second loop; Numba cannot
@@ -57,15 +58,20 @@ TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types these kerne
 class Isa:
     """An int8 dot-product instruction set, as the kernels need it.
 
-    dot(builder, acc, codes, x4) -> acc + per 32-bit lane of `codes` (<width x i32>, four
-    code bytes each) the sum of its 4 byte products with the 4 bytes of the i32 x4 (acc
-    None: zero); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand)."""
+    dot(builder, acc, codes, x4, signed=False) -> acc + per 32-bit lane of `codes` (<width x
+    i32>, four code bytes each) the sum of its 4 byte products with the 4 bytes of the i32
+    x4 (acc None: zero); codes are non-negative bytes unless `signed` (Q8_0's, where the
+    ISA takes them as they are); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand)."""
 
     name: str
     width: int  # rows per call: one float32 lane each
     gemm_tokens: int  # tokens per GEMM call: their accumulators and the codes fit in registers
     q8_flip: bool
     dot: Callable
+
+    def signed(self, kind) -> bool:
+        """Whether the codes of weight type kind reach `dot` as signed bytes."""
+        return kind == T.Q8_0 and not self.q8_flip
 
     def offset(self, kind) -> int:
         """What the codes fed to `dot` exceed ggml's signed codes by, for weight type kind."""
@@ -135,7 +141,7 @@ def chunk_codegen(kind, isa):
             scale = scales(builder, W, d.data, d_base, load_at(builder, xd.data, b, 2, 0))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
             for j in range(8):
-                lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, b, 8, j))
+                lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, b, 8, j), isa.signed(kind))
                 if off_mul:
                     xsum = load_at(builder, xs.data, b, 16, 8 + j)
                     lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), lane.type))
@@ -188,7 +194,7 @@ def gemm_codegen(kind, isa):
                 tb = builder.add(builder.mul(t, n_blocks), b)
                 isum = None
                 for j in range(8):
-                    isum = isa.dot(builder, isum, codes[j], load_at(builder, x4.data, tb, 8, j))
+                    isum = isa.dot(builder, isum, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
                 if off_mul:
                     total = load_at(builder, xs.data, tb, 16, 0)
                     isum = builder.sub(isum, splat(builder, builder.mul(total, ir.Constant(INT32, off_mul)), isum.type))

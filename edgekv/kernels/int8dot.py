@@ -1,5 +1,5 @@
 """The parallel drivers of the int8 dot-product kernels (dot_ir.py), for the instruction
-set this CPU has: AVX512-VNNI (vnni.py) or Arm's sdot (sdot.py).
+set this CPU has: AVX512-VNNI (vnni.py), else AVX2 (avx2.py), or Arm's sdot (sdot.py).
 
 What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
 `HAS_INT8DOT`, `TYPES`, and the two drivers matvec.py calls: `matvec_chunks` (one token,
@@ -17,10 +17,11 @@ from gguf import GGMLQuantizationType as T
 from .config import EXACT_FLAGS
 from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics
 from .dot_k_ir import k_intrinsics
+from .avx2 import AVX2, HAS_AVX2
 from .sdot import HAS_SDOT, SDOT
 from .vnni import HAS_VNNI, VNNI
 
-ISA = VNNI if HAS_VNNI else (SDOT if HAS_SDOT else None)
+ISA = VNNI if HAS_VNNI else AVX2 if HAS_AVX2 else SDOT if HAS_SDOT else None
 HAS_INT8DOT = ISA is not None
 CHUNK = (ISA or VNNI).width  # rows per call; repacked groups are a multiple of it
 TOKENS = (ISA or VNNI).gemm_tokens  # tokens per GEMM call

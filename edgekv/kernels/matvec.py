@@ -247,7 +247,7 @@ class QuantMatrix:
 
     @property
     def uses_int8dot(self) -> bool:
-        """Whether this weight runs on the int8 dot-product kernels (int8dot.py: AVX512-VNNI or sdot)."""
+        """Whether this weight runs on the int8 dot-product kernels (int8dot.py: AVX512-VNNI, AVX2 or sdot)."""
         return self._int8dot
 
     def __repr__(self) -> str:

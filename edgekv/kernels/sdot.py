@@ -40,7 +40,8 @@ def _numba_has_dotprod() -> bool:
 HAS_SDOT = "dotprod" in arm_features() and _numba_has_dotprod()
 
 
-def sdot(builder, acc, codes, x4):
+def sdot(builder, acc, codes, x4, signed=False):
+    # (signed or not: sdot takes signed bytes, and 0..63 is the same either way)
     # acc + per 32-bit lane the sum of 4 products (signed bytes of codes) x (signed bytes of x4),
     # on the 128-bit pieces of the <8 x i32> vectors
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V4I, [V4I, V16B, V16B]),

@@ -21,7 +21,8 @@ from .irvec import V16I, splat
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
 
 
-def dpbusd(builder, acc, codes, x4):
+def dpbusd(builder, acc, codes, x4, signed=False):
+    # (signed never: Q8_0's codes enter flipped, q8_flip)
     # acc + per 32-bit lane the sum of 4 products (unsigned bytes of codes) x (signed bytes of x4)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
                                         "llvm.x86.avx512.vpdpbusd.512")

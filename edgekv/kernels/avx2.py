@@ -1,0 +1,54 @@
+"""x86's int8 dot product without VNNI, for the LLVM-IR matrix kernels (dot_ir.py): AVX2's
+`vpmaddubsw` + `vpmaddwd`, 8 rows per call in one ymm register of float32.
+
+Most x86 CPUs in the field have AVX2 and FMA but not AVX512-VNNI (every AMD before Zen 4,
+Intel's client cores before Alder Lake's AVX-VNNI); llama.cpp's AVX2 build runs its
+integer dot products this way. Per 32-bit lane: vpmaddubsw multiplies unsigned bytes by
+signed bytes and adds adjacent pairs into int16 lanes (saturating), vpmaddwd against ones
+adds adjacent int16 pairs into the int32 lane: the lane's sum of 4 products, as one
+vpdpbusd gives. The pair sums never saturate here, so every lane is exact and the bits
+are VNNI's and the portable kernels': Q4/Q5/K-quant codes are 0..63 and activation codes
+-127..127 (a pair at most 2 x 63 x 127 = 16002); Q8_0's signed codes enter by ggml's
+sign trick (`signed`): |code| (0..128, unsigned) times the activation carrying the code's
+sign (vpsignb), a pair at most 2 x 128 x 127 = 32512 < 32767. Flipping them to code + 128
+as on VNNI would saturate (2 x 255 x 127).
+
+A matvec call's 8 lane accumulators and 8 code vectors fill the 16 ymm registers, so a
+GEMM call takes 4 tokens (as sdot's 8-row calls do).
+What lives here: HAS_AVX2 and the `AVX2` Isa. What does not: the kernels (dot_ir.py),
+their drivers (int8dot.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from .dot_ir import Isa
+from .intrinsics import host_has
+from .irvec import INT16, INT32, splat, vec
+
+HAS_AVX2 = host_has("avx2") and host_has("fma") and host_has("f16c")
+
+V8I, V32B, V16W = vec(INT32, 8), vec(ir.IntType(8), 32), vec(INT16, 16)
+
+
+def _call(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def maddubs(builder, acc, codes, x4, signed=False):
+    # acc + per 32-bit lane the sum of 4 products (bytes of codes) x (signed bytes of x4):
+    # codes non-negative (unsigned operand as they are), or signed (ggml's sign trick)
+    u = builder.bitcast(codes, V32B)
+    x = builder.bitcast(splat(builder, x4, V8I), V32B)
+    if signed:
+        x = _call(builder, "llvm.x86.avx2.psign.b", V32B, [x, u])
+        u = _call(builder, "llvm.abs.v32i8", V32B, [u, ir.Constant(ir.IntType(1), 0)])
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [u, x])
+    lanes = _call(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16W, [1] * 16)])
+    return lanes if acc is None else builder.add(acc, lanes)
+
+
+AVX2 = Isa("avx2", width=8, gemm_tokens=4, q8_flip=False, dot=maddubs)
