@@ -46,6 +46,9 @@ class ShapesOnly(CPUBackend):
                release: Callable[[np.ndarray], None] | None = None) -> WeightShape:
         return WeightShape(int(ggml_type), int(n_rows), int(n_cols))
 
+    def share_input(self, ws) -> None:
+        pass  # no data to store together
+
 
 def _shown(value: Any) -> Any:
     """A metadata value as a report shows it: long arrays elided to their length and head."""

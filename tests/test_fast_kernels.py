@@ -205,3 +205,32 @@ def test_released_file_pages_read_back_the_same(smollm2_path):
     g.release_pages(info.data[:4096])
     g.release_pages()
     assert np.array_equal(info.data[:4096], before)
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_1), int(T.Q5_0)], ids=lambda t: T(t).name)
+def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
+    # q/k/v-like weights of one input as one RowStack (backends' share_input): every part as its
+    # own weight computes it, one token and a long chunk, with the members' arrays views of the block
+    rng = np.random.default_rng(3)
+    shapes, n_cols = (64, 16, 24), 256
+    raws = [random_rows(ggml_type, n, n_cols, rng) for n in shapes]
+    alone = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
+    members = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
+    stack = members[0].stack_with(members[1:])
+    assert stack is not None and stack.is_of(members) and not stack.is_of(alone)
+    assert all(np.shares_memory(w._p.qs, stack.qs) for w in members)
+    x = rng.standard_normal((70, n_cols)).astype(np.float32)
+    outs = [np.zeros((70, n), np.float32) for n in shapes]
+    stack.matvec(x[0], [o[0] for o in outs])
+    for w, o in zip(alone, outs):
+        ref = np.zeros(w.n_rows, np.float32)
+        w.matvec(x[0], ref)
+        assert same_bits(o[0], ref)
+    stack.matmul_batch(x, outs)
+    for w, o in zip(alone, outs):
+        ref = np.zeros((70, w.n_rows), np.float32)
+        w.matmul_batch(x, ref)
+        assert same_bits(o, ref)
+    odd = QuantMatrix(random_rows(ggml_type, 13, n_cols, rng), ggml_type, 13, n_cols)  # a padded last group
+    assert alone[0].stack_with([odd]) is None

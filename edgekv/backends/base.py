@@ -101,6 +101,10 @@ class Backend(ABC):
     def project(self, w: Any, x: np.ndarray, out: np.ndarray) -> None:
         """out: f32[n_tok, n_rows] = x: f32[n_tok, n_cols] @ W^T."""
 
+    def share_input(self, ws: Sequence[Any]) -> None:
+        """Told at load time that the weights ws multiply the same input (q/k/v, gate/up)
+        in `project_many`: a backend may store them together. Nothing by default."""
+
     def project_many(self, ws: Sequence[Any], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         """outs[i] = x @ ws[i]^T for weights that share their input (q/k/v, gate/up)."""
         for w, out in zip(ws, outs):

@@ -59,7 +59,21 @@ class CPUBackend(Backend):
         else:
             w.matmul_exact(x, out)
 
+    def share_input(self, ws: Sequence[QuantMatrix]) -> None:
+        # weights on the int8 dot kernels become one RowStack: one kernel call for all of them
+        stack = ws[0].stack_with(list(ws[1:]))
+        for w in ws:
+            w.stack = stack
+
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        stack = ws[0].stack
+        if stack is not None and stack.is_of(ws):
+            if kernel_map.batched(x.shape[0]) and not self.rows_independent:
+                stack.matmul_batch(x, outs)
+            else:  # one token, a short chunk or separate sequences' tokens: per token, as matvec
+                for t in range(x.shape[0]):
+                    stack.matvec(x[t], [out[t] for out in outs])
+            return
         # on the integer GEMM a chunk's activations are quantized once for all the weights
         if (not self.rows_independent and kernel_map.batched(x.shape[0])
                 and all(w.uses_int8dot and w.n_cols == x.shape[1] for w in ws)):

@@ -295,10 +295,17 @@ class LayerWeights:
     extra: dict = field(default_factory=dict)  # architecture-specific norms
 
 
+def share_inputs(backend: Backend, L: LayerWeights) -> LayerWeights:
+    """Tell the backend which of a layer's weights multiply the same input (project_many)."""
+    backend.share_input([L.wq, L.wk, L.wv])
+    backend.share_input([L.w_gate, L.w_up])
+    return L
+
+
 def load_layer(w: WeightLoader, hp: HParams, i: int, extra_vectors: dict[str, int]) -> LayerWeights:
     p = f"blk.{i}."
     q_dim, k_dim, v_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim_v
-    return LayerWeights(
+    return share_inputs(w.backend, LayerWeights(
         attn_norm=w.vector(p + "attn_norm.weight", hp.dim),
         wq=w.matrix(p + "attn_q.weight", hp.dim, q_dim),
         wk=w.matrix(p + "attn_k.weight", hp.dim, k_dim),
@@ -309,4 +316,4 @@ def load_layer(w: WeightLoader, hp: HParams, i: int, extra_vectors: dict[str, in
         w_up=w.matrix(p + "ffn_up.weight", hp.dim, hp.ff),
         w_down=w.matrix(p + "ffn_down.weight", hp.ff, hp.dim),
         extra={name: w.vector(p + name + ".weight", n) for name, n in extra_vectors.items()},
-    )
+    ))

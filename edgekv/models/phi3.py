@@ -24,7 +24,7 @@ import numpy as np
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
 from ..gguf import GGUFFile
-from .base import LayerWeights, WeightLoader
+from .base import LayerWeights, WeightLoader, share_inputs
 from .llama import LlamaModel
 
 
@@ -63,4 +63,4 @@ class Phi3Model(LlamaModel):
             ffn_norm=w.vector(p + "ffn_norm.weight", hp.dim), w_gate=w_gate, w_up=w_up,
             w_down=w.matrix(p + "ffn_down.weight", hp.ff, hp.dim))
         self.load_biases(w, i, L)
-        return L
+        return share_inputs(w.backend, L)
