@@ -1,4 +1,4 @@
-"""edgekv beside llama.cpp on the same GGUF and settings, measured in one run (issue 4).
+"""edgekv beside llama.cpp on the same GGUF and settings, measured in one run (issues 4, 19).
 
 Both sides time llama-bench's tests the llama-bench way: edgekv through edgekv/bench.py
 (what `edgekv bench` runs), llama.cpp through llama-cpp-python's low-level API in
@@ -7,12 +7,15 @@ need not). The two alternate repetition by repetition (edgekv, llama.cpp, edgekv
 that noise from a shared machine hits both alike. Prints a Markdown table with both t/s and
 the ratio edgekv / llama.cpp; -o json prints both sides' llama-bench records instead.
 
-The issue's targets, all with 512-token chunks: SmolLM2 pp512, tg128 and tg64 at depth 4096
-with the K and V cache in f16, q8_0 and q4_0; gemma3 pp512 and tg128.
+The targets, all with 512-token chunks, on both catalog models: pp512, tg128, and the depth
+sweep of issue 19: tg64 with d = 0, 1024, 4096, 8192, 16384 tokens already in the cache, K and
+V in f16, q8_0 and q4_0. A depth the model was not trained for is run at the deepest it was
+(d + 64 = its context; SmolLM2: 8128) and named so in the table. The first line printed is the
+machine (CPU model, features, int8 kernels, threads): results from two machines are never one.
 
     python benchmarks/compare_llama_cpp.py [-m NAME,...] [--tests pp,tg,depth] [-p 512] [-n 128]
-        [-d 4096] [--depth-gen 64] [-ct f16,q8_0,q4_0] [-r 3] [-t THREADS] [-o md|json]
-        [--llama-python PYTHON] [--flash-attn auto|on|off]
+        [-d 0,1024,4096,8192,16384] [--depth-gen 64] [-ct f16,q8_0,q4_0] [-r 3] [-t THREADS]
+        [-o md|json] [--llama-python PYTHON] [--flash-attn auto|on|off]
 
 --llama-python defaults to $LLAMA_CPP_PYTHON, else this interpreter if it can import
 llama_cpp; when neither is there the comparison is skipped with a message. A quick smoke
@@ -30,7 +33,8 @@ import sys
 from pathlib import Path
 
 WORKER = Path(__file__).resolve().with_name("_llama_cpp_worker.py")
-TARGETS = {"smollm2-135m-instruct": ("pp", "tg", "depth"), "gemma3-270m": ("pp", "tg")}
+TARGETS = {"smollm2-135m-instruct": ("pp", "tg", "depth"), "gemma3-270m": ("pp", "tg", "depth")}
+DEPTHS = "0,1024,4096,8192,16384"
 TEST_KINDS = ("pp", "tg", "depth")
 
 
@@ -42,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="kinds of test to run where a model has them: pp, tg, depth (default: all)")
     ap.add_argument("-p", type=int, default=512, help="prompt length of the pp test (default: 512)")
     ap.add_argument("-n", type=int, default=128, help="generation length of the tg test (default: 128)")
-    ap.add_argument("-d", type=int, default=4096, help="depth of the depth tests (default: 4096)")
+    ap.add_argument("-d", default=DEPTHS, help="depths of the depth tests, comma-separated (default: %(default)s)")
     ap.add_argument("--depth-gen", type=int, default=64, help="tokens decoded at depth (default: 64)")
     ap.add_argument("-ct", default="f16,q8_0,q4_0", help="cache types of the depth tests, K and V alike "
                                                           "(default: %(default)s)")
@@ -55,17 +59,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
                     help="llama.cpp's flash attention (default: auto, as llama-bench)")
     args = ap.parse_args(argv)
-    for name in ("p", "n", "d", "depth_gen", "r", "t"):
+    for name in ("p", "n", "depth_gen", "r", "t"):
         if getattr(args, name) < 1:
             ap.error(f"-{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        args.d = [int(d) for d in args.d.split(",")]
+    except ValueError:
+        ap.error(f"-d: expected comma-separated token counts, got {args.d!r}")
+    if min(args.d) < 0:
+        ap.error(f"-d: depths must be >= 0, got {args.d}")
     unknown = set(args.tests.split(",")) - set(TEST_KINDS)
     if unknown:
         ap.error(f"--tests: unknown kinds {sorted(unknown)} (choose from {', '.join(TEST_KINDS)})")
     return args
 
 
-def planned_tests(name: str, args: argparse.Namespace) -> list:
-    """The BenchTests for one model: its targets, as selected by --tests."""
+def planned_tests(name: str, args: argparse.Namespace, n_ctx_train: int) -> list:
+    """The BenchTests for one model: its targets, as selected by --tests; a depth beyond the
+    trained context is run at the deepest that fits (once)."""
     from edgekv.bench import BenchTest
 
     wanted = [kind for kind in TARGETS.get(name, ("pp", "tg")) if kind in args.tests.split(",")]
@@ -75,8 +86,9 @@ def planned_tests(name: str, args: argparse.Namespace) -> list:
     if "tg" in wanted:
         tests.append(BenchTest(0, args.n, n_threads=args.t))
     if "depth" in wanted:
-        tests += [BenchTest(0, args.depth_gen, args.d, type_k=ct, type_v=ct, n_threads=args.t)
-                  for ct in args.ct.split(",")]
+        depths = list(dict.fromkeys(min(d, n_ctx_train - args.depth_gen) for d in args.d))
+        tests += [BenchTest(0, args.depth_gen, d, type_k=ct, type_v=ct, n_threads=args.t)
+                  for ct in args.ct.split(",") for d in depths]
     return tests
 
 
@@ -136,20 +148,23 @@ def md_row(name: str, ours, theirs) -> str:
 
 
 def compare(args: argparse.Namespace, python: str) -> list[dict]:
-    from edgekv.bench import BenchResult, ModelInfo, check_tests, cpu_info, now_rfc3339
+    from edgekv.bench import BenchResult, ModelInfo, check_tests, now_rfc3339
     from edgekv.catalog import resolve_model
     from edgekv.kernels.config import max_threads
     from edgekv.loader import load
+    from edgekv.system_info import machine_summary
 
     worker = LlamaCppWorker(python)
     rows = []
+    machine = machine_summary(args.t)
     if args.o == "md":
+        print(f"Machine: {machine}\n", flush=True)
         print("| model | test | K/V cache | edgekv t/s | llama.cpp t/s | edgekv / llama.cpp |", flush=True)
         print("|---|---|---|---:|---:|---:|", flush=True)
     for name in args.model.split(","):
         path = resolve_model(name)
-        tests = planned_tests(name, args)
         model = load(path)
+        tests = planned_tests(name, args, model.hp.n_ctx_train)
         check_tests(tests, model.hp, name, max_threads())
         info = ModelInfo.from_gguf(model.gguf)
         theirs = worker.call("load", model=str(path))
@@ -160,7 +175,7 @@ def compare(args: argparse.Namespace, python: str) -> list[dict]:
             ours = BenchResult(info, test, test_time, ours_ns)
             llama = BenchResult(their_info, test, test_time, theirs_ns, backend="llama.cpp (CPU)")
             record = {k: v for k, v in llama.record().items() if k != "edgekv_version"}
-            rows.append({"model": name, "test": test.name, "type_k": test.type_k, "type_v": test.type_v,
+            rows.append({"model": name, "machine": machine, "test": test.name, "type_k": test.type_k, "type_v": test.type_v,
                          "ratio": ours.avg_ts / llama.avg_ts, "edgekv": ours.record(),
                          "llama_cpp": {"llama_cpp_python_version": worker.version, "flash_attn": args.flash_attn,
                                        **record}})
@@ -171,7 +186,7 @@ def compare(args: argparse.Namespace, python: str) -> list[dict]:
         from edgekv import __version__
 
         print(f"\nedgekv {__version__}, llama-cpp-python {worker.version} (flash_attn {args.flash_attn}); "
-              f"{args.t} threads, {args.r} repetitions, alternating; {cpu_info()}")
+              f"{args.t} threads, {args.r} repetitions, alternating")
     else:
         print(json.dumps(rows, indent=2))
     return rows

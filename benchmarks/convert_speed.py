@@ -82,7 +82,7 @@ def main() -> None:
     if not (args.llama_cpp and args.python):
         print("convert_speed: give --llama-cpp and --python (a Python with torch + transformers); skipped")
         return
-    print(f"CPU: {cpu_line()}; {os.cpu_count()} threads")
+    print(f"Machine: {cpu_line()}")
     print("| model | outtype | edgekv s | llama.cpp s | speed ratio | edgekv peak MB | llama.cpp peak MB | memory ratio |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgekv import Llama  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.grammar import Grammar, GrammarConstraint  # noqa: E402
+from edgekv.system_info import machine_summary  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"values": {"type": "array", "items": {"type": "integer", "minimum": 0,
                                                                                   "maximum": 999}}},
@@ -45,6 +46,7 @@ def main() -> int:
         mask_s.append(time.perf_counter() - t0)
 
     GrammarConstraint.apply = timed_apply
+    print(f"Machine: {machine_summary()}\n")
     print("| model | free t/s | JSON schema t/s | ratio | tokens under the schema | mask ms |")
     print("|---|---|---|---|---|---|")
     for name in args.model or ["smollm2-135m-instruct", "gemma3-270m"]:

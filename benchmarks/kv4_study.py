@@ -45,6 +45,7 @@ from edgekv.row_transforms import hadamard  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.kv_report import kl_divergence, log_softmax  # noqa: E402
 from edgekv.loader import load  # noqa: E402
+from edgekv.system_info import machine_summary  # noqa: E402
 from edgekv.perplexity import chunk_logits  # noqa: E402
 
 IQ4_NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
@@ -226,6 +227,7 @@ def main() -> int:
     tokens = model.tokenizer.encode(Path(args.file).read_bytes(), add_bos=None)
     calib = calibrate(model, Path(args.calib))
     base = [log_softmax(r) for r in scored_logp(model, tokens, args.chunks, None, calib)]
+    print(f"Machine: {machine_summary()}\n")
     print(f"{args.model}, {args.file}, -c 512, {args.chunks} chunks, calibrated on {args.calib}\n")
     print("| codec | mean KLD vs f16 | same top | seconds |\n|---|---|---|---|")
     for name, codec in CODECS.items():

@@ -38,6 +38,7 @@ from edgekv import heavy_hitters  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.loader import load  # noqa: E402
 from edgekv.perplexity import token_nll  # noqa: E402
+from edgekv.system_info import machine_summary  # noqa: E402
 
 CODES = ("4817", "29361", "7053", "86124", "3390", "51748", "6602", "93175")
 
@@ -126,6 +127,7 @@ def main() -> None:
     heavy_hitters.RECENT_FRACTION = args.recent_fraction
     model = load(str(resolve_model(args.model)))
     text = model.tokenizer.encode(Path(args.file).read_bytes(), add_bos=None)
+    print(f"Machine: {machine_summary()}\n")
     print(f"{args.model}, {Path(args.file).name}: PPL over tokens [n_ctx, {args.tokens}), chunks of {args.batch}; "
           f"{args.needles} needles; keep's recent window n_ctx // {args.recent_fraction}\n")
     print("| n_ctx | policy | PPL past the window | needle log p | needles recalled | fact tokens kept | s |")

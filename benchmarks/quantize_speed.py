@@ -37,9 +37,9 @@ TYPES = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
 
 
 def cpu_line() -> str:
-    from edgekv.system_info import cpu_features, cpu_info
+    from edgekv.system_info import machine_summary
 
-    return f"{cpu_info()} ({' '.join(cpu_features())})"
+    return machine_summary(os.cpu_count())
 
 
 def timed(fn) -> float:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         print("quantize_speed: skipped: no llama-quantize; pass --llama-quantize PATH or set LLAMA_QUANTIZE",
               file=sys.stderr)
         return 0
-    print(f"CPU: {cpu_line()}; {os.cpu_count()} threads; Python {platform.python_version()}; "
+    print(f"Machine: {cpu_line()}; Python {platform.python_version()}; "
           f"mean of {args.reps} alternating repetitions, seconds")
     print("| model | type | llama-quantize s | edgekv in-process s | edgekv CLI s | llama MiB/s | "
           "edgekv MiB/s | ratio in-process | ratio CLI |")

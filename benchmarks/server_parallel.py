@@ -41,9 +41,9 @@ PROMPTS = ["Once upon a time", "The history of the Roman Empire", "def quicksort
 
 
 def cpu_line() -> str:
-    from edgekv.system_info import cpu_features, cpu_info
+    from edgekv.system_info import machine_summary
 
-    return f"{cpu_info()} ({' '.join(cpu_features())}), {os.cpu_count()} threads"
+    return machine_summary(os.cpu_count())
 
 
 def stream_once(port: int, prompt: str, max_tokens: int, marks: dict) -> None:
@@ -181,7 +181,7 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-o", "--output", default=None, help="also write the table to this Markdown file")
     args = ap.parse_args()
-    lines = [f"CPU: {cpu_line()}", "",
+    lines = [f"Machine: {cpu_line()}", "",
              "| model | streams | edgekv t/s | x one stream | llama.cpp S_TG t/s | x one stream | edgekv / llama.cpp "
              "| edgekv t/s via HTTP | x one stream |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -36,7 +36,9 @@ def main() -> None:
 
     from edgekv.bench import BenchTest, run_test
     from edgekv.loader import load
+    from edgekv.system_info import machine_summary
 
+    print(f"Machine: {machine_summary(args.t)}\n")
     print("| model | test | edgekv t/s | llama.cpp t/s | ratio |\n|---|---|---|---|---|")
     for name in args.model:
         model = load(name)

@@ -65,6 +65,17 @@ def cpu_features() -> list[str]:
     return [f for f in FEATURES if host_has(f)]
 
 
+def machine_summary(threads: int | None = None) -> str:
+    """The CPU as a saved benchmark result must name it, so that figures from different
+    machines are never compared as one: model, LLVM's name for it, the features that select
+    kernels, the int8 dot-product kernels in use, and the thread count (default: Numba's)."""
+    from .backends.kernel_map import int8dot_name
+
+    threads = get_num_threads() if threads is None else threads
+    return (f"{cpu_info()} ({platform.machine()}, LLVM {host_cpu_name()}; features: "
+            f"{' '.join(cpu_features()) or 'none'}; int8 dot kernels: {int8dot_name()}; {threads} threads)")
+
+
 def threading_layer() -> str:
     """Numba's threading layer (after its first parallel kernel ran), else the one configured."""
     import numba

@@ -215,17 +215,20 @@ def test_several_models_and_windowed_layers(capsys, tiny_gemma):
 def test_compare_plans_the_issue_targets():
     compare = load_script("compare_llama_cpp")
     args = compare.parse_args(["-t", "2"])
-    smol = compare.planned_tests("smollm2-135m-instruct", args)
-    assert [(t.name, t.type_k, t.type_v) for t in smol] == [
-        ("pp512", "f16", "f16"), ("tg128", "f16", "f16"), ("tg64 @ d4096", "f16", "f16"),
-        ("tg64 @ d4096", "q8_0", "q8_0"), ("tg64 @ d4096", "q4_0", "q4_0")]
-    assert [t.name for t in compare.planned_tests("gemma3-270m", args)] == ["pp512", "tg128"]
+    smol = compare.planned_tests("smollm2-135m-instruct", args, 8192)
+    sweep = ["tg64", "tg64 @ d1024", "tg64 @ d4096", "tg64 @ d8128"]  # 8192 and 16384: the deepest that fits
+    assert [(t.name, t.type_k) for t in smol] == [("pp512", "f16"), ("tg128", "f16")] + [
+        (name, ct) for ct in ("f16", "q8_0", "q4_0") for name in sweep]
+    assert all(t.type_k == t.type_v for t in smol)
+    gemma = compare.planned_tests("gemma3-270m", args, 32768)
+    assert [t.name for t in gemma][-5:] == ["tg64", "tg64 @ d1024", "tg64 @ d4096", "tg64 @ d8192", "tg64 @ d16384"]
     assert all(t.n_threads == 2 and t.n_batch == 512 for t in smol)
     short = compare.parse_args(["-p", "16", "-n", "4", "-d", "64", "--depth-gen", "4", "--tests", "tg,depth",
                                 "-ct", "q8_0"])
-    assert [t.name for t in compare.planned_tests("smollm2-135m-instruct", short)] == ["tg4", "tg4 @ d64"]
-    with pytest.raises(SystemExit):
-        compare.parse_args(["--tests", "pp,warp"])
+    assert [t.name for t in compare.planned_tests("smollm2-135m-instruct", short, 8192)] == ["tg4", "tg4 @ d64"]
+    for bad in (["--tests", "pp,warp"], ["-d", "4k"], ["-d", "-1"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(bad)
 
 
 def test_worker_protocol_answers_every_request(monkeypatch):
