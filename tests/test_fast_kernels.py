@@ -21,6 +21,7 @@ from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from edgekv.kernels.intrinsics import fma
 from edgekv.kernels.matvec import QuantMatrix
 from edgekv.kernels.quantize import quantize_rows
+from edgekv.kernels.row_stack import RowStack
 from edgekv.kernels.int8dot import CHUNK, HAS_INT8DOT, ISA, TYPES as INT8DOT_TYPES
 
 import numba as nb
@@ -217,7 +218,7 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
     raws = [random_rows(ggml_type, n, n_cols, rng) for n in shapes]
     alone = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
     members = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
-    stack = members[0].stack_with(members[1:])
+    stack = RowStack.of(members)
     assert stack is not None and stack.is_of(members) and not stack.is_of(alone)
     assert all(np.shares_memory(w._p.qs, stack.qs) for w in members)
     x = rng.standard_normal((70, n_cols)).astype(np.float32)
@@ -233,4 +234,4 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
         w.matmul_batch(x, ref)
         assert same_bits(o, ref)
     odd = QuantMatrix(random_rows(ggml_type, 13, n_cols, rng), ggml_type, 13, n_cols)  # a padded last group
-    assert alone[0].stack_with([odd]) is None
+    assert RowStack.of([alone[0], odd]) is None

@@ -24,6 +24,7 @@ from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
 from ..kernels.ops import (add_bias, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
                            softcap_inplace)
 from ..kernels.quantize import store_rows
+from ..kernels.row_stack import RowStack
 from . import kernel_map
 from .base import Backend, LayerView
 
@@ -61,7 +62,7 @@ class CPUBackend(Backend):
 
     def share_input(self, ws: Sequence[QuantMatrix]) -> None:
         # weights on the int8 dot kernels become one RowStack: one kernel call for all of them
-        stack = ws[0].stack_with(list(ws[1:]))
+        stack = RowStack.of(list(ws))
         for w in ws:
             w.stack = stack
 

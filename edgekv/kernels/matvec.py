@@ -26,8 +26,8 @@ How each product is computed, and why:
 
 from __future__ import annotations
 
-import dataclasses
 import threading
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
@@ -45,6 +45,9 @@ from .repack import repack
 from .activations import quantize_acts
 from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, matvec_chunks
 from .unpack import unpack_group
+
+if TYPE_CHECKING:
+    from .row_stack import RowStack
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
 N_ISUM = 25  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs, 8 lanes, a total)
@@ -240,7 +243,7 @@ class QuantMatrix:
         padded = self._int8dot and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
-        self.stack: RowStack | None = None  # set by the backend's share_input
+        self.stack: RowStack | None = None  # set by the backend's share_input (row_stack.py)
 
     @property
     def sums_on_int8dot(self) -> bool:
@@ -332,17 +335,6 @@ class QuantMatrix:
                 np.dot(x, tile[:, :r1 - r0], out=prod)
                 out[:, r0:r1] = prod
 
-    def stack_with(self, others: "list[QuantMatrix]") -> "RowStack | None":
-        """Store this weight and `others` (weights that multiply the same input: q/k/v,
-        gate/up) as one block of row groups, each of them a view of its part, and return
-        the RowStack that multiplies them all in one call; None (nothing changed) unless
-        all run on the int8 dot kernels with one type, one row length and no padded rows."""
-        ws = [self, *others]
-        if not all(w._int8dot and w.ggml_type == self.ggml_type and w.n_cols == self.n_cols
-                   and w.n_rows == w._p.n_groups * w.lanes and w.lanes == self.lanes for w in ws):
-            return None
-        return RowStack(ws)
-
     def rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """out[i] = row ids[i] of W, dequantized (embedding lookup)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -353,51 +345,3 @@ class QuantMatrix:
         p = self._p
         unpack_rows(self.ggml_type, p.qs, p.qh, p.sc, p.d, p.w, ids, out)
 
-
-class RowStack:
-    """Weights that multiply the same input, stored as one block of row groups (their
-    packed arrays become views of its parts): one matvec, one activation quantization and
-    one parallel region for all of them instead of one each, and the same bits, since each
-    row is computed as its own weight's matvec computes it. Made by QuantMatrix.stack_with.
-    The scratch lives on the instance: one thread at a time."""
-
-    def __init__(self, ws: list[QuantMatrix]):
-        first = ws[0]
-        self.members = ws
-        self.ggml_type, self.n_cols = first.ggml_type, first.n_cols
-        self.n_rows = sum(w.n_rows for w in ws)
-        self.qs, self.qh, self.d = (np.concatenate([getattr(w._p, f) for w in ws]) for f in ("qs", "qh", "d"))
-        g0 = 0
-        for w in ws:  # each member's arrays: its groups of the block (the originals are freed)
-            g1 = g0 + w._p.n_groups
-            w._p = dataclasses.replace(w._p, qs=self.qs[g0:g1], qh=self.qh[g0:g1], d=self.d[g0:g1])
-            g0 = g1
-        self._xq, self._xd, self._xsum = first._xq, first._xd, first._xsum
-        self._out = np.zeros(self.n_rows, np.float32)
-        self._no_pad = np.zeros(0, np.float32)
-
-    def is_of(self, ws) -> bool:
-        """Whether ws are exactly this stack's weights, in order."""
-        return len(ws) == len(self.members) and all(a is b for a, b in zip(ws, self.members))
-
-    def matvec(self, x: np.ndarray, outs) -> None:
-        """outs[i] = members[i] @ x (one token), each as members[i].matvec computes it."""
-        _check("x", x, (self.n_cols,))
-        matvec_int8dot(self.ggml_type, x, self.qs, self.qh, self.d, self._xq, self._xd, self._xsum, self._no_pad,
-                       self._out)
-        self._split(self._out, outs)
-
-    def matmul_batch(self, x: np.ndarray, outs) -> None:
-        """outs[i] = x @ members[i]^T for a long chunk, as members[i].matmul_batch computes it."""
-        n_tok = x.shape[0] if x.ndim == 2 else -1
-        _check("x", x, (n_tok, self.n_cols))
-        xq, xd, xsum = quantize_chunk(x)
-        out = thread_scratch("stack_out", n_tok * self.n_rows).reshape(n_tok, self.n_rows)
-        gemm_chunks(self.ggml_type, self.qs, self.qh, self.d, xq.view(np.int32), xsum, xd, out)
-        self._split(out, outs)
-
-    def _split(self, out: np.ndarray, outs) -> None:
-        r0 = 0
-        for w, part in zip(self.members, outs):
-            part[...] = out[..., r0 : r0 + w.n_rows]
-            r0 += w.n_rows
