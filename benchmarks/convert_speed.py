@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from quantize_speed import cpu_line  # noqa: E402
+from edgekv.system_info import machine_summary  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 OUTTYPES = ("f32", "f16", "q8_0")
@@ -82,7 +82,7 @@ def main() -> None:
     if not (args.llama_cpp and args.python):
         print("convert_speed: give --llama-cpp and --python (a Python with torch + transformers); skipped")
         return
-    print(f"Machine: {cpu_line()}")
+    print(f"Machine: {machine_summary(os.cpu_count())}")
     print("| model | outtype | edgekv s | llama.cpp s | speed ratio | edgekv peak MB | llama.cpp peak MB | memory ratio |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,12 +36,6 @@ MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 TYPES = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
 
 
-def cpu_line() -> str:
-    from edgekv.system_info import machine_summary
-
-    return machine_summary(os.cpu_count())
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -88,7 +82,9 @@ def main(argv=None) -> int:
         print("quantize_speed: skipped: no llama-quantize; pass --llama-quantize PATH or set LLAMA_QUANTIZE",
               file=sys.stderr)
         return 0
-    print(f"Machine: {cpu_line()}; Python {platform.python_version()}; "
+    from edgekv.system_info import machine_summary
+
+    print(f"Machine: {machine_summary(os.cpu_count())}; Python {platform.python_version()}; "
           f"mean of {args.reps} alternating repetitions, seconds")
     print("| model | type | llama-quantize s | edgekv in-process s | edgekv CLI s | llama MiB/s | "
           "edgekv MiB/s | ratio in-process | ratio CLI |")

@@ -40,12 +40,6 @@ N_GEN = 64
 PROMPTS = ["Once upon a time", "The history of the Roman Empire", "def quicksort(xs):", "A recipe for bread:"]
 
 
-def cpu_line() -> str:
-    from edgekv.system_info import machine_summary
-
-    return machine_summary(os.cpu_count())
-
-
 def stream_once(port: int, prompt: str, max_tokens: int, marks: dict) -> None:
     """One streaming completion; marks: first (time of the first text), last, tokens."""
     import http.client
@@ -181,7 +175,9 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-o", "--output", default=None, help="also write the table to this Markdown file")
     args = ap.parse_args()
-    lines = [f"Machine: {cpu_line()}", "",
+    from edgekv.system_info import machine_summary
+
+    lines = [f"Machine: {machine_summary(os.cpu_count())}", "",
              "| model | streams | edgekv t/s | x one stream | llama.cpp S_TG t/s | x one stream | edgekv / llama.cpp "
              "| edgekv t/s via HTTP | x one stream |",
              "|---|---|---|---|---|---|---|---|---|"]
