@@ -35,13 +35,16 @@ CACHES = (("f16", "f16"), ("q8_0", "q4_0"))
 # policy frees slots) and the batch path (long chunks, then a shift).
 CHUNKS = {"exact": (5, 9) + (1,) * 20, "batch": (70, 70)}
 N_CTX = {"exact": 24, "batch": 96}
+# One query over a deep f16 cache has its own kernel (attention_decode.py): the exact share
+# also fills one cache past DEPTH_MIN_SLOTS in exact-path chunks and decodes there.
+DEEP_FILL, DEEP_CHUNK = 520, 8
 
 
 def work_items(path: str) -> list[tuple[str, str, str]]:
     from .tiny_model import WEIGHT_TYPES
 
     # the families on llama's graph add one kernel (qwen2's biases): one model compiles it
-    extra = [("qwen2", "Q8_0", "exact")] if path == "exact" else []
+    extra = [("qwen2", "Q8_0", "exact"), ("llama", "Q8_0", "deep")] if path == "exact" else []
     return [(arch, wtype, path) for wtype in WEIGHT_TYPES for arch in ARCHES] + extra
 
 
@@ -56,6 +59,12 @@ def run_item(arch: str, weight_type: str, path: str, backend: str, folder: str) 
     file = Path(folder) / f"{arch}-{weight_type}-{path}.gguf"
     model = load(make_tiny_model(file, arch=arch, weight_type=weight_type, **DIMS), backend)
     rng = np.random.default_rng(0)
+    if path == "deep":
+        s = model.session(n_ctx=DEEP_FILL + 8, n_batch=DEEP_CHUNK)
+        for _ in range(DEEP_FILL // DEEP_CHUNK):
+            s.eval(rng.integers(0, model.hp.n_vocab, DEEP_CHUNK))
+        s.eval(rng.integers(0, model.hp.n_vocab, 1))
+        return time.perf_counter() - t0
     for cache_k, cache_v in CACHES:
         s = model.session(n_ctx=N_CTX[path], n_batch=max(CHUNKS[path]), cache_type_k=cache_k, cache_type_v=cache_v,
                           context_shift="shift")

@@ -16,6 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..row_transforms import keep_sinks, map_keys, map_queries, rotate
+from ..kernels import attention_decode
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
@@ -159,7 +160,12 @@ class CPUBackend(Backend):
                                  layer.attn_mass)
         else:
             scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
-            if f16:
+            if f16 and attention_decode.fits(n, layer.n_slots, q.shape[2], out.shape[2]):
+                probs, lanes = scratch.deep_scratch(q.shape[1], layer.slot_pos.shape[0])
+                attention_decode.attention_f16_deep(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16),
+                                                    layer.slot_pos, layer.n_slots, layer.window, np.float32(scale),
+                                                    scores, probs, lanes, out)
+            elif f16:
                 attention_f16(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16), layer.slot_pos,
                               layer.n_slots, layer.window, np.float32(scale), scores, pv, out)
             else:

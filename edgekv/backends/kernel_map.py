@@ -35,7 +35,7 @@ Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
 
 | cache K / V        | n < 64                                           | n >= 64                                        |
 |--------------------|--------------------------------------------------|------------------------------------------------|
-| f16 / f16          | attention.py attention_f16 (exact)               | attention_chunk_blas on the f16 rows (f16 roundings, BLAS order) |
+| f16 / f16          | attention.py attention_f16 (exact); one query over >= 512 slots: attention_decode.py attention_f16_deep (same bits, slot-blocked) | attention_chunk_blas on the f16 rows (f16 roundings, BLAS order) |
 | any other pair     | attention_q.py attention_rows (Q8_0/Q4_0 rows read in place) | rows dequantized + attention_chunk_blas |
 
 Element-wise kernels (ops.py: RMS norm, RoPE, SiLU/GELU, residual adds) are the same on
@@ -92,5 +92,5 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
 def attention_kernels(type_k: str, type_v: str) -> tuple[str, str]:
     """(exact path, batch path) attention kernels for a cache of these types."""
     if type_k == type_v == "f16":
-        return "attention_f16 (exact)", "BLAS over f16 rows"
+        return "attention_f16 / attention_f16_deep (exact)", "BLAS over f16 rows"
     return "attention_rows", "BLAS over dequantized rows"

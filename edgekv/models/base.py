@@ -189,6 +189,8 @@ class Scratch:
         self.n_batch = n_batch
         self._scores = np.zeros((0, 0), np.float32)
         self._pv = np.zeros((n_workers, 4, 16, max(hp.head_dim_v, 64)), np.float32)
+        self._probs = np.zeros((0, 0), np.float32)
+        self._lanes = np.zeros((hp.n_heads, 4, 16, hp.head_dim_v), np.float32)
         self.kv_rows = np.zeros((n_workers, 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
 
     def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +200,13 @@ class Scratch:
             self._scores = np.zeros((max(rows, self._scores.shape[0]), max(capacity, self._scores.shape[1])),
                                     np.float32)
         return self._scores, self._pv
+
+    def deep_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax weights and per-head accumulator rows for one query over a deep f16
+        cache (attention_decode.py); the weights grow once, like the score rows."""
+        if self._probs.shape[0] < rows or self._probs.shape[1] < capacity:
+            self._probs = np.zeros((max(rows, self._probs.shape[0]), max(capacity, self._probs.shape[1])), np.float32)
+        return self._probs, self._lanes
 
 
 class Decoder:

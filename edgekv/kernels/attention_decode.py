@@ -1,0 +1,314 @@
+"""One query's attention over a deep f16 cache: attention_f16's bits, in a faster order.
+
+`attention_f16` (attention.py) reproduces llama.cpp's non-flash decode bit for bit, but
+walks the cache the way the arithmetic is written: one slot at a time, a horizontal
+16-lane reduction per K dot, and a read-modify-write of a 64-float accumulator row per
+V row. At depth that is latency- and load-bound, not arithmetic-bound. This kernel
+computes the same numbers with the same operations on the same operands, only
+scheduled differently, so every result is identical:
+
+- K dots, 16 slots at a time (`_scores16`): each slot's four 16-lane FMA registers are
+  formed exactly as in ggml_vec_dot_f16, folded (r0 + r2) + (r1 + r3), and then the 16
+  slots' lane trees (lanes i + i+8, i + i+4, then (0+2) + (1+3)) run side by side as
+  four rounds of shuffles and vector adds instead of sixteen scalar reductions. Float
+  addition is commutative, so pairing the same two operands gives the same bits.
+- V accumulation, one accumulator row at a time (`_v_lane`): slot s adds into lane
+  s % 16 of register (s % 64) // 16, i.e. into accumulator row s % 64, in increasing s.
+  Each of the 64 rows is independent, so a row's slots r, r + 64, r + 128, ... are
+  summed with the row held in registers and written once, in the same order as before.
+- Work is shared out by KV head and slot chunk (K), by head (softmax) and by KV head and
+  accumulator row (V), and the query heads of a GQA group read each K block and V row
+  while it is still in L1 instead of once per head from further away.
+
+The softmax is attention_f16's own (`softmax_numerators`), and a slot whose numerator is
+0 (masked, or exp underflowed) is skipped in the V sum exactly as there. The price is
+three parallel regions instead of one, so `DEPTH_MIN_SLOTS` decides where it takes over.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .attention import _fold_lanes, _reduce16, dot_f16_4reg, softmax_numerators, visible
+from .config import EXACT_FLAGS
+from .fp16 import round_f16
+from .irvec import INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, splat
+
+# Below this many cache slots the single-region attention_f16 is as fast; both give the
+# same bits, so the switch is invisible except in time.
+DEPTH_MIN_SLOTS = 512
+SLOT_CHUNK = 512  # slots per K job: enough work to amortise a job, enough jobs to balance
+# No fast-math anywhere here: Numba puts its fast-math flags on every float instruction of
+# a function, the IR of an inlined intrinsic included, and `reassoc` would let LLVM regroup
+# the very sums this kernel exists to keep in llama.cpp's order.
+EXACT_PARALLEL = dict(EXACT_FLAGS, parallel=True)
+
+
+def _pairwise(builder, a, b, lo, hi):
+    # a and b side by side (32 lanes), lanes lo[i] + hi[i] for each i: one round of
+    # 16-lane trees of several slots at once
+    mask = lambda idx: ir.Constant(ir.VectorType(INT32, 16), idx)  # noqa: E731
+    return builder.fadd(builder.shuffle_vector(a, b, mask(hi)), builder.shuffle_vector(a, b, mask(lo)))
+
+
+# The rounds of _mm512_reduce_add_ps for 16 slots' vectors at once. Round 1 pairs two
+# slots: lanes i + i+8 of each -> 8 lanes per slot. Round 2 pairs two of those: within each
+# slot's 8, lanes i + i+4 -> 4 per slot. Round 3: lanes 0+2 and 1+3 -> 2 per slot. Round 4:
+# the two -> 1 per slot, slot k in lane k.
+_ROUNDS = (
+    ([*range(0, 8), *range(16, 24)], [*range(8, 16), *range(24, 32)]),
+    ([i + 8 * g for g in range(4) for i in range(4)], [i + 4 + 8 * g for g in range(4) for i in range(4)]),
+    ([i + 4 * g for g in range(8) for i in range(2)], [i + 2 + 4 * g for g in range(8) for i in range(2)]),
+    (list(range(0, 32, 2)), list(range(1, 32, 2))),
+)
+
+
+MAX_HEADS = 4  # query heads of a GQA group that one call serves (registers: 4 x 4 accumulators)
+
+
+def _load_vec(builder, data, at, vtype):
+    return builder.load(builder.bitcast(builder.gep(data, [at]), vtype.as_pointer()), align=2)
+
+
+def _scores16(n_heads):
+    """K dots of `n_heads` query heads (fixed here, 1..MAX_HEADS) with 16 slots, each K row
+    converted from f16 once for all of them."""
+
+    @intrinsic
+    def scores16(typingctx, q, h0, k_head, s0, scale, out):
+        # out[h, s0 + i] = (q[h] . k_head[s0 + i]) * scale for h in h0 .. h0 + n_heads - 1
+        # and i < 16, each dot as dot_f16_4reg forms it. q: f32[heads, hd] (f16 values);
+        # k_head: u16[cap, hd] one KV head's cache; out: f32[rows, >= s0 + 16]; all
+        # C-contiguous; hd a multiple of 64, s0 + 16 <= cap.
+        def codegen(context, builder, sig, args):
+            qa, ka, oa = arrays(context, builder, sig, args, 0, 2, 5)
+            i64 = ir.IntType(64)
+            head, first = i64_args(builder, [args[1], args[3]])
+            hd = cgutils.unpack_tuple(builder, qa.shape, 2)[1]
+            width = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
+            n_chunks = builder.udiv(hd, ir.Constant(i64, 64))
+            heads = [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)]
+            folded = [[] for _ in range(n_heads)]
+            for i in range(16):
+                base = builder.mul(builder.add(first, ir.Constant(i64, i)), hd)
+                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
+                        for _ in range(n_heads)]
+                with cgutils.for_range(builder, n_chunks) as loop:
+                    for j in range(4):
+                        at = builder.add(builder.mul(loop.index, ir.Constant(i64, 64)), ir.Constant(i64, 16 * j))
+                        k = halves_to_float(builder, _load_vec(builder, ka.data, builder.add(base, at), V16S))
+                        for g, h in enumerate(heads):
+                            qv = _load_vec(builder, qa.data, builder.add(builder.mul(h, hd), at), V16F)
+                            builder.store(fma16(builder, qv, k, builder.load(accs[g][j])), accs[g][j])
+                for g in range(n_heads):
+                    r = [builder.load(a) for a in accs[g]]
+                    folded[g].append(builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3])))
+            for g, h in enumerate(heads):
+                vs = folded[g]
+                for lo, hi in _ROUNDS:
+                    vs = [_pairwise(builder, vs[i], vs[i + 1], lo, hi) for i in range(0, len(vs), 2)]
+                dst = builder.gep(oa.data, [builder.add(builder.mul(h, width), first)])
+                builder.store(builder.fmul(vs[0], splat(builder, args[4])), builder.bitcast(dst, V16F.as_pointer()),
+                              align=4)
+            return context.get_dummy_value()
+
+        return types.void(q, h0, k_head, s0, types.float32, out), codegen
+
+    return scores16
+
+
+def _v_rows(n_heads):
+    """V sums of `n_heads` query heads (fixed here, 1..MAX_HEADS) over one accumulator row,
+    each V row converted from f16 once for all of them."""
+
+    @intrinsic
+    def v_rows(typingctx, numerators, probs, h0, v_head, r, n_slots, lanes):
+        # for h in h0 .. h0 + n_heads - 1: lanes[h, r // 16, r % 16, :] = the sum over slots
+        # s = r, r + 64, ... < n_slots with numerators[h, s] != 0, in that order, of
+        # probs[h, s] * v_head[s] (one FMA per element, from 0): accumulator row r of
+        # attention_f16's V sum. numerators, probs: f32[rows, width] (probs f16 values);
+        # v_head: u16[cap, hd_v]; lanes: f32[heads, 4, 16, hd_v]; all C-contiguous, hd_v a
+        # multiple of 64. 64 columns of every head's row at a time stay in registers.
+        def codegen(context, builder, sig, args):
+            na, pa, va, la = arrays(context, builder, sig, args, 0, 1, 3, 6)
+            i64 = ir.IntType(64)
+            head, row, n = i64_args(builder, [args[2], args[4], args[5]])
+            hd = cgutils.unpack_tuple(builder, va.shape, 2)[1]
+            n_width = cgutils.unpack_tuple(builder, na.shape, 2)[1]
+            p_width = cgutils.unpack_tuple(builder, pa.shape, 2)[1]
+            heads = [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)]
+            count = builder.udiv(builder.add(builder.sub(n, row), ir.Constant(i64, 63)), ir.Constant(i64, 64))
+            count = builder.select(builder.icmp_signed(">", n, row), count, ir.Constant(i64, 0))
+            zero = ir.Constant(ir.FloatType(), 0.0)
+            with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(i64, 64))) as cols:
+                c0 = builder.mul(cols.index, ir.Constant(i64, 64))
+                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
+                        for _ in range(n_heads)]
+                with cgutils.for_range(builder, count) as loop:
+                    s = builder.add(row, builder.mul(loop.index, ir.Constant(i64, 64)))
+                    base = builder.add(builder.mul(s, hd), c0)
+                    v = [halves_to_float(builder, _load_vec(builder, va.data, builder.add(base, ir.Constant(i64, 16 * j)),
+                                                            V16S)) for j in range(4)]
+                    for g, h in enumerate(heads):
+                        num = builder.load(builder.gep(na.data, [builder.add(builder.mul(h, n_width), s)]))
+                        keep = builder.fcmp_unordered("!=", num, zero)
+                        w = splat(builder, builder.load(builder.gep(pa.data, [builder.add(builder.mul(h, p_width), s)])))
+                        for j in range(4):
+                            old = builder.load(accs[g][j])
+                            builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
+                for g, h in enumerate(heads):
+                    out = builder.add(builder.mul(builder.add(builder.mul(h, ir.Constant(i64, 64)), row), hd), c0)
+                    for j in range(4):
+                        dst = builder.gep(la.data, [builder.add(out, ir.Constant(i64, 16 * j))])
+                        builder.store(builder.load(accs[g][j]), builder.bitcast(dst, V16F.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(numerators, probs, h0, v_head, r, n_slots, lanes), codegen
+
+    return v_rows
+
+
+@intrinsic
+def _block_max(typingctx, row, lo, hi):
+    # the largest of row[lo:hi] (hi - lo a multiple of 16; -inf if empty), 16 lanes at a
+    # time with llvm.maxnum: max is exact, so any order gives attention_f16's value
+    def codegen(context, builder, sig, args):
+        (ra,) = arrays(context, builder, sig, args, 0)
+        i64 = ir.IntType(64)
+        first, last = i64_args(builder, [args[1], args[2]])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16F, [V16F, V16F]), "llvm.maxnum.v16f32")
+        best = cgutils.alloca_once_value(builder, splat(builder, ir.Constant(ir.FloatType(), float("-inf"))))
+        count = builder.sdiv(builder.sub(last, first), ir.Constant(i64, 16))
+        count = builder.select(builder.icmp_signed(">", count, ir.Constant(i64, 0)), count, ir.Constant(i64, 0))
+        with cgutils.for_range(builder, count) as loop:
+            at = builder.add(first, builder.mul(loop.index, ir.Constant(i64, 16)))
+            builder.store(builder.call(fn, [builder.load(best), _load_vec(builder, ra.data, at, V16F)]), best)
+        v = builder.load(best)
+        width = 16
+        while width > 1:
+            width //= 2
+            v = builder.call(cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v.type.__class__(ir.FloatType(), width), [v.type.__class__(
+                    ir.FloatType(), width)] * 2), f"llvm.maxnum.v{width}f32"),
+                [lanes(builder, v, 0, width), lanes(builder, v, width, width)])
+        return builder.extract_element(v, ir.Constant(INT32, 0))
+
+    return types.float32(row, lo, hi), codegen
+
+
+_scores16_1, _scores16_2, _scores16_3, _scores16_4 = (_scores16(n) for n in range(1, MAX_HEADS + 1))
+_v_rows_1, _v_rows_2, _v_rows_3, _v_rows_4 = (_v_rows(n) for n in range(1, MAX_HEADS + 1))
+
+
+@nb.njit(**EXACT_FLAGS)
+def _scores_block(q, h0, n, k_head, s0, scale, out):
+    # K dots of query heads h0 .. h0 + n - 1 (n <= MAX_HEADS) with slots s0 .. s0 + 15
+    if n == 4:
+        _scores16_4(q, h0, k_head, s0, scale, out)
+    elif n == 3:
+        _scores16_3(q, h0, k_head, s0, scale, out)
+    elif n == 2:
+        _scores16_2(q, h0, k_head, s0, scale, out)
+    else:
+        _scores16_1(q, h0, k_head, s0, scale, out)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _v_block(numerators, probs, h0, n, v_head, r, n_slots, lanes):
+    # accumulator row r of query heads h0 .. h0 + n - 1 (n <= MAX_HEADS)
+    if n == 4:
+        _v_rows_4(numerators, probs, h0, v_head, r, n_slots, lanes)
+    elif n == 3:
+        _v_rows_3(numerators, probs, h0, v_head, r, n_slots, lanes)
+    elif n == 2:
+        _v_rows_2(numerators, probs, h0, v_head, r, n_slots, lanes)
+    else:
+        _v_rows_1(numerators, probs, h0, v_head, r, n_slots, lanes)
+
+
+def fits(n_queries: int, n_slots: int, hd_k: int, hd_v: int) -> bool:
+    """Whether attention_f16_deep takes this call: one query, a deep cache, head sizes in
+    whole 64-element chunks (the layouts its IR is written for)."""
+    return n_queries == 1 and n_slots >= DEPTH_MIN_SLOTS and hd_k % 64 == 0 and hd_v % 64 == 0
+
+
+@nb.njit(**EXACT_PARALLEL)
+def _k_scores(q, qp, k_cache, slot_pos, n_slots, window, scale, scores, maxima):
+    # scores[h, s] = q[h] . k[s] * scale for visible slots (-inf for the rest) in whole
+    # 16-slot blocks; maxima[h, c]: the largest score of chunk c (-inf if none)
+    n_heads, n_kv = q.shape[0], k_cache.shape[0]
+    end = n_slots - n_slots % 16
+    group, n_chunks = n_heads // n_kv, (end + SLOT_CHUNK - 1) // SLOT_CHUNK
+    for job in nb.prange(n_kv * n_chunks):
+        g, c = job // n_chunks, job % n_chunks
+        lo, hi = c * SLOT_CHUNK, min(end, (c + 1) * SLOT_CHUNK)
+        for s0 in range(lo, hi, 16):
+            for h0 in range(g * group, (g + 1) * group, MAX_HEADS):
+                _scores_block(q, h0, min(MAX_HEADS, (g + 1) * group - h0), k_cache[g], s0, scale, scores)
+        for s in range(lo, hi):
+            if not visible(slot_pos[s], qp, window):
+                for h in range(g * group, (g + 1) * group):
+                    scores[h, s] = -np.inf
+        for h in range(g * group, (g + 1) * group):
+            maxima[h, c] = _block_max(scores[h], lo, hi)
+
+
+@nb.njit(**EXACT_PARALLEL)
+def _softmax(scores, probs, n_heads, n_slots, maxima):
+    # per head: numerators in place (attention_f16's softmax), probs = them normalised and
+    # rounded to f16 (the weights of V)
+    for h in nb.prange(n_heads):
+        row, m = scores[h], -np.inf
+        for c in range(maxima.shape[1]):
+            m = max(m, maxima[h, c])
+        denom = softmax_numerators(row, n_slots, m)
+        inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
+        for s in range(n_slots):
+            probs[h, s] = round_f16(row[s] * inv)
+
+
+@nb.njit(**EXACT_PARALLEL)
+def _v_sums(scores, probs, v_cache, n_heads, n_slots, lanes):
+    # lanes[h, j, l] <- accumulator row 16 j + l of head h (see _v_rows)
+    group = n_heads // v_cache.shape[0]
+    for job in nb.prange(v_cache.shape[0] * 64):
+        g, r = job // 64, job % 64
+        for h0 in range(g * group, (g + 1) * group, MAX_HEADS):
+            _v_block(scores, probs, h0, min(MAX_HEADS, (g + 1) * group - h0), v_cache[g], r, n_slots, lanes)
+
+
+@nb.njit(**EXACT_FLAGS)  # calls the three parallel phases
+def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, probs, lanes, out):
+    # attention_f16 for one query (q: f32[1, n_heads, hd_k], rounded to f16 in place) with
+    # fits() true; same bits. scores, probs: f32[>= n_heads, >= n_slots] (scores is left
+    # holding the softmax numerators, as attention_f16 leaves it); lanes: f32[>= n_heads,
+    # 4, 16, hd_v] scratch; out: f32[1, n_heads, hd_v].
+    n_heads, hd_k, hd_v = q.shape[1], q.shape[2], v_cache.shape[2]
+    group, qp = n_heads // k_cache.shape[0], q_pos[0]
+    qh = q[0]
+    for h in range(n_heads):
+        for i in range(hd_k):
+            qh[h, i] = round_f16(qh[h, i])
+    end = n_slots - n_slots % 16
+    n_chunks = (end + SLOT_CHUNK - 1) // SLOT_CHUNK
+    maxima = np.full((n_heads, n_chunks + 1), -np.inf, np.float32)
+    _k_scores(qh, qp, k_cache, slot_pos, n_slots, window, scale, scores, maxima)
+    for h in range(n_heads):  # the last partial block, one slot at a time
+        m = -np.inf
+        for s in range(end, n_slots):
+            if visible(slot_pos[s], qp, window):
+                scores[h, s] = dot_f16_4reg(qh[h], k_cache[h // group, s]) * scale
+                m = max(m, scores[h, s])
+            else:
+                scores[h, s] = -np.inf
+        maxima[h, n_chunks] = m
+    _softmax(scores, probs, n_heads, n_slots, maxima)
+    _v_sums(scores, probs, v_cache, n_heads, n_slots, lanes)
+    for h in range(n_heads):
+        _fold_lanes(lanes[h])
+        for e in range(hd_v):
+            out[0, h, e] = _reduce16(lanes[h, 0, :, e])
