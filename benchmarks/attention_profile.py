@@ -1,15 +1,16 @@
 """Where one decode token's f16-cache attention spends its time at depth (issue 19, item 1).
 
 For a catalog model's attention geometry (query heads, KV heads, head size) and a cache
-holding `--depth` tokens in f16, times per layer and one token:
+holding `--depth` tokens in f16, times per layer and per token:
 
-- `attention_f16` whole (the kernel decode runs: llama.cpp's non-flash arithmetic),
-- its three phases run alone with the same helpers, in the same parallel split over heads:
-  the K dots (scores), the softmax numerators (ggml's vector exp and 16-lane sums), and the
-  V accumulation (probabilities rounded to f16, 4 x 16 lane registers),
-- a plain parallel read of the same K and V bytes (the memory floor: what streaming the
-  cache once costs here), and how many times the kernel reads them (GQA: every query
-  head of a group reads its KV head's rows again).
+- `attention_f16` whole (llama.cpp's non-flash decode arithmetic, one slot at a time: what
+  short contexts run) and `attention_f16_deep` whole (the same bits, slot-blocked: what
+  decode runs from attention_decode.DEPTH_MIN_SLOTS on),
+- the deep kernel's three phases alone: K dots with the masks and chunk maxima, the
+  softmax (ggml's exp 16 lanes at a time) with the f16 weights, and the V sums,
+- a plain parallel read of the same K and V bytes (the memory floor),
+- the deep kernel and the read again over one cache per layer, 64 MiB or more in all, so
+  that each layer's K and V come from DRAM as they do in a real decode step.
 
 Then x n_layers for the per-token figure (gemma3: its global layers only; its local
 layers see at most the 512-token window). Random data; the time does not depend on it.
@@ -30,48 +31,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgekv.catalog import resolve_model  # noqa: E402
-from edgekv.kernels.attention import (_fold_lanes, _reduce16, _register, attention_f16,  # noqa: E402
-                                      dot_f16_4reg, softmax_numerators)
-from edgekv.kernels.config import JIT_FLAGS, PARALLEL_FLAGS  # noqa: E402
-from edgekv.kernels.fp16 import f16_to_f32, round_f16  # noqa: E402
-from edgekv.kernels.intrinsics import fma  # noqa: E402
+from edgekv.kernels import attention_decode as deep  # noqa: E402
+from edgekv.kernels.attention import attention_f16  # noqa: E402
+from edgekv.kernels.config import JIT_FLAGS  # noqa: E402
 from edgekv.loader import load  # noqa: E402
 from edgekv.system_info import machine_summary  # noqa: E402
-
-
-@nb.njit(**PARALLEL_FLAGS)
-def k_phase(q, k_cache, n_slots, scale, scores):
-    n_heads, group = q.shape[1], q.shape[1] // k_cache.shape[0]
-    for h in nb.prange(n_heads):
-        row = scores[h]
-        for s in range(n_slots):
-            row[s] = dot_f16_4reg(q[0, h], k_cache[h // group, s]) * scale
-
-
-@nb.njit(**PARALLEL_FLAGS)
-def softmax_phase(scores, n_slots, sums):
-    for h in nb.prange(sums.shape[0]):
-        row = scores[h]
-        m = -np.inf
-        for s in range(n_slots):
-            m = max(m, row[s])
-        sums[h] = softmax_numerators(row, n_slots, m)
-
-
-@nb.njit(**PARALLEL_FLAGS)
-def v_phase(probs, v_cache, n_slots, pv, out):
-    n_heads, group = out.shape[1], out.shape[1] // v_cache.shape[0]
-    for h in nb.prange(n_heads):
-        lanes = pv[nb.get_thread_id()]
-        lanes[:] = 0.0
-        for s in range(n_slots):
-            w = round_f16(probs[h, s])
-            acc, v_row = lanes[_register(s, False), s % 16], v_cache[h // group, s]
-            for e in range(v_row.shape[0]):
-                acc[e] = fma(w, f16_to_f32(v_row[e]), acc[e])
-        _fold_lanes(lanes)
-        for e in range(v_cache.shape[2]):
-            out[0, h, e] = _reduce16(lanes[0, :, e])
 
 
 @nb.njit(**dict(JIT_FLAGS, parallel=True))
@@ -99,31 +63,55 @@ def profile(name: str, depth: int, repetitions: int) -> list[str]:
     n_heads, n_kv, hd = hp.n_heads, hp.n_kv_heads, hp.head_dim
     n_global = sum(not local for local in hp.local_layers)
     rng = np.random.default_rng(0)
-    k = rng.standard_normal((n_kv, depth, hd)).astype(np.float16).view(np.uint16)
-    v = rng.standard_normal((n_kv, depth, hd)).astype(np.float16).view(np.uint16)
+
+    def cache():
+        return rng.standard_normal((n_kv, depth, hd)).astype(np.float16).view(np.uint16)
+
+    k, v = cache(), cache()
+    # a cache per layer, at least 64 MiB in all (more than L3): what decode reads from DRAM
+    layers = [(cache(), cache()) for _ in range(max(n_global, -(-(64 << 20) // (2 * k.nbytes))))]
     q = rng.standard_normal((1, n_heads, hd)).astype(np.float32)
     pos = np.arange(depth, dtype=np.int32)
     qpos = np.array([depth], np.int32)
-    scores = np.zeros((n_heads, depth), np.float32)
+    scores, probs = np.zeros((n_heads, depth), np.float32), np.zeros((n_heads, depth), np.float32)
     pv = np.zeros((nb.config.NUMBA_NUM_THREADS, 4, 16, max(hd, 64)), np.float32)
+    lanes = np.zeros((n_heads, 4, 16, hd), np.float32)
     out = np.zeros((1, n_heads, hd), np.float32)
-    sums = np.zeros(n_heads, np.float64)
     scale = np.float32(hp.attn_scale)
-    probs = rng.random((n_heads, depth)).astype(np.float32) / depth
+    end = depth - depth % 16
+    maxima = np.full((n_heads, (end + deep.SLOT_CHUNK - 1) // deep.SLOT_CHUNK + 1), -np.inf, np.float32)
+    qh = q[0].astype(np.float16).astype(np.float32)
+
+    def deep_layer(kc, vc):
+        deep.attention_f16_deep(q.copy(), qpos, kc, vc, pos, depth, 0, scale, scores, probs, lanes, out)
+
+    def every_layer(kernel):
+        for kc, vc in layers:
+            kernel(kc, vc)
+
+    def phase_softmax():
+        scores[:] = saved
+        deep._softmax(scores, probs, n_heads, depth, maxima)
+
+    deep._k_scores(qh, depth, k, pos, depth, 0, scale, scores, maxima)
+    saved = scores.copy()
     parts = {
-        "attention_f16 (whole)": lambda: attention_f16(q.copy(), qpos, k, v, pos, depth, 0, scale, scores, pv, out),
-        "K dots": lambda: k_phase(q, k, depth, scale, scores),
-        "softmax numerators": lambda: softmax_phase(scores, depth, sums),
-        "V accumulation": lambda: v_phase(probs, v, depth, pv, out),
+        "attention_f16 (whole; short contexts)": lambda: attention_f16(q.copy(), qpos, k, v, pos, depth, 0, scale,
+                                                                       scores, pv, out),
+        "attention_f16_deep (whole)": lambda: deep_layer(k, v),
+        "deep: K dots, masks, maxima": lambda: deep._k_scores(qh, depth, k, pos, depth, 0, scale, scores, maxima),
+        "deep: softmax and f16 weights": phase_softmax,
+        "deep: V sums": lambda: deep._v_sums(saved, probs, v, n_heads, depth, lanes),
         "read K and V once (floor)": lambda: stream_read(k, v, depth),
+        "attention_f16_deep, each layer's cache from DRAM": lambda: every_layer(deep_layer),
+        "read each layer's K and V from DRAM (floor)": lambda: every_layer(lambda kc, vc: stream_read(kc, vc, depth)),
     }
     kv_bytes = k.nbytes + v.nbytes
     lines = [f"\n{name}: {n_heads} query heads, {n_kv} KV heads, head size {hd}, depth {depth}; "
-             f"{n_global} of {hp.n_layers} layers attend to the whole cache; K+V {kv_bytes / 2**20:.1f} MiB per layer, "
-             f"read {n_heads // n_kv}x by the kernel (once per query head of a group)\n",
+             f"{n_global} of {hp.n_layers} layers attend to the whole cache; K+V {kv_bytes / 2**20:.1f} MiB per layer\n",
              "| part | us per layer | ms per token | GB/s of K+V |", "|---|---:|---:|---:|"]
     for label, fn in parts.items():
-        us = best_us(fn, repetitions)
+        us = best_us(fn, repetitions) / (len(layers) if "DRAM" in label else 1)
         lines.append(f"| {label} | {us:.0f} | {us * n_global / 1e3:.2f} | {kv_bytes / us / 1e3:.1f} |")
     return lines
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv.kernels.attention import attention_f16
-from edgekv.kernels.attention_decode import DEPTH_MIN_SLOTS, attention_f16_deep, fits
+from edgekv.kernels.attention import attention_f16, softmax_numerators
+from edgekv.kernels.attention_decode import DEPTH_MIN_SLOTS, attention_f16_deep, fits, softmax_numerators_16
+from edgekv.kernels.intrinsics import HAS_FMA
 from edgekv.kernels.config import max_threads
 from tests.test_ops import F16_ATTENTION_ATOL, reference_attention
 
@@ -138,3 +139,20 @@ def test_warmup_compiles_the_deep_kernel():
 
     assert warmup.DEEP_FILL > DEPTH_MIN_SLOTS
     assert ("llama", "Q8_0", "deep") in warmup.work_items("exact")
+
+
+@pytest.mark.skipif(not HAS_FMA, reason="without FMA v_expf rounds twice and the vector exp once")
+@pytest.mark.parametrize("n", [16, 37, 530])
+def test_blocked_softmax_numerators_are_softmax_numerators(n):
+    # the exps 16 lanes at a time (v_expf_ir) against the scalar ggml_v_expf, over the
+    # whole range softmax meets: 0 down to underflow, masked -inf slots, a partial block
+    row = rng.uniform(-120, 0, n).astype(np.float32)
+    row[rng.random(n) < 0.2] = -np.inf
+    row[:4] = [0.0, -1e-30, -87.5, -103.9]
+    m = np.float64(row.max())
+    old, new = row.copy(), np.concatenate([row, np.full(5, 7.0, np.float32)])
+    total_old = softmax_numerators(old, n, m)
+    total_new = softmax_numerators_16(new, n, m)
+    assert new[:n].tobytes() == old.tobytes() and total_new == total_old
+    assert (new[n:] == 7.0).all()  # nothing past n is touched
+    assert (new[:n][row == -np.inf] == 0).all()

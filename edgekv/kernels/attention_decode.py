@@ -36,7 +36,9 @@ from numba.extending import intrinsic
 from .attention import _fold_lanes, _reduce16, dot_f16_4reg, softmax_numerators, visible
 from .config import EXACT_FLAGS
 from .fp16 import round_f16
-from .irvec import INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, splat
+from .ggml_math import v_expf_ir
+from .intrinsics import HAS_FMA
+from .irvec import FLOAT, INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, splat
 
 # Below this many cache slots the single-region attention_f16 is as fast; both give the
 # same bits, so the switch is invisible except in time.
@@ -67,52 +69,95 @@ _ROUNDS = (
 )
 
 
+# At depth a layer's K and V come from DRAM (the next token finds them evicted by the other
+# layers), and the hardware prefetchers fall behind. K is read in order, faster than DRAM
+# answers: rows K_PREFETCH_SLOTS ahead are asked for explicitly (K dots over 4096 slots
+# from DRAM, SmolLM2: 198 -> 69 us per layer). An accumulator row's V rows lie 64 rows
+# apart (8 KiB for head size 64), a stride the prefetchers do not follow across pages; a
+# thread's next job is the next accumulator row, so each V row read asks for the one
+# V_PREFETCH_ROWS after it (V sums from DRAM: ~110 -> ~85 us per layer).
+K_PREFETCH_SLOTS = 64
+V_PREFETCH_ROWS = 1
 MAX_HEADS = 4  # query heads of a GQA group that one call serves (registers: 4 x 4 accumulators)
+
+
+def _prefetch(builder, ptr):
+    # a hint to fetch the line at ptr into every cache level (never faults, even past the end)
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 def _load_vec(builder, data, at, vtype):
     return builder.load(builder.bitcast(builder.gep(data, [at]), vtype.as_pointer()), align=2)
 
 
-def _scores16(n_heads):
+def _slot_folds(builder, qa, ka, heads, base, hd, chunks):
+    """For one K row (u16 elements from `base`), each head's four FMA registers folded
+    (r0 + r2) + (r1 + r3): the vector whose lane tree is the dot. The row is converted
+    from f16 once for every head. chunks: the number of 64-element chunks when known at
+    compile time (straight-line code), else None (a loop over hd / 64)."""
+    i64 = ir.IntType(64)
+    accs = [[ir.Constant(V16F, None)] * 4 for _ in heads]
+
+    def chunk(c0):
+        ahead = builder.add(builder.add(base, builder.mul(hd, ir.Constant(i64, K_PREFETCH_SLOTS))), c0)
+        for half in (0, 32):  # 64 halves: two cache lines
+            _prefetch(builder, builder.gep(ka.data, [builder.add(ahead, ir.Constant(i64, half))]))
+        for j in range(4):
+            at = builder.add(c0, ir.Constant(i64, 16 * j))
+            k = halves_to_float(builder, _load_vec(builder, ka.data, builder.add(base, at), V16S))
+            for g, h in enumerate(heads):
+                qv = _load_vec(builder, qa.data, builder.add(builder.mul(h, hd), at), V16F)
+                accs[g][j] = fma16(builder, qv, k, accs[g][j])
+
+    if chunks is not None:
+        for c in range(chunks):
+            chunk(ir.Constant(i64, 64 * c))
+    else:
+        slots = [[cgutils.alloca_once_value(builder, v) for v in row] for row in accs]
+        with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(i64, 64))) as loop:
+            accs = [[builder.load(a) for a in row] for row in slots]
+            chunk(builder.mul(loop.index, ir.Constant(i64, 64)))
+            for row, values in zip(slots, accs):
+                for a, v in zip(row, values):
+                    builder.store(v, a)
+        accs = [[builder.load(a) for a in row] for row in slots]
+    return [builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3])) for r in accs]
+
+
+def _scores16(n_heads, chunks):
     """K dots of `n_heads` query heads (fixed here, 1..MAX_HEADS) with 16 slots, each K row
-    converted from f16 once for all of them."""
+    converted from f16 once for all of them; chunks: hd / 64 if fixed here, else None."""
 
     @intrinsic
     def scores16(typingctx, q, h0, k_head, s0, scale, out):
         # out[h, s0 + i] = (q[h] . k_head[s0 + i]) * scale for h in h0 .. h0 + n_heads - 1
         # and i < 16, each dot as dot_f16_4reg forms it. q: f32[heads, hd] (f16 values);
         # k_head: u16[cap, hd] one KV head's cache; out: f32[rows, >= s0 + 16]; all
-        # C-contiguous; hd a multiple of 64, s0 + 16 <= cap.
+        # C-contiguous; hd a multiple of 64 (= 64 * chunks if chunks), s0 + 16 <= cap.
         def codegen(context, builder, sig, args):
             qa, ka, oa = arrays(context, builder, sig, args, 0, 2, 5)
             i64 = ir.IntType(64)
             head, first = i64_args(builder, [args[1], args[3]])
             hd = cgutils.unpack_tuple(builder, qa.shape, 2)[1]
             width = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
-            n_chunks = builder.udiv(hd, ir.Constant(i64, 64))
             heads = [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)]
-            folded = [[] for _ in range(n_heads)]
+            # per head, a stack of (round, vector): two entries of one round combine at
+            # once, so at most five vectors per head are live, not sixteen
+            stacks = [[] for _ in range(n_heads)]
             for i in range(16):
                 base = builder.mul(builder.add(first, ir.Constant(i64, i)), hd)
-                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
-                        for _ in range(n_heads)]
-                with cgutils.for_range(builder, n_chunks) as loop:
-                    for j in range(4):
-                        at = builder.add(builder.mul(loop.index, ir.Constant(i64, 64)), ir.Constant(i64, 16 * j))
-                        k = halves_to_float(builder, _load_vec(builder, ka.data, builder.add(base, at), V16S))
-                        for g, h in enumerate(heads):
-                            qv = _load_vec(builder, qa.data, builder.add(builder.mul(h, hd), at), V16F)
-                            builder.store(fma16(builder, qv, k, builder.load(accs[g][j])), accs[g][j])
-                for g in range(n_heads):
-                    r = [builder.load(a) for a in accs[g]]
-                    folded[g].append(builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3])))
-            for g, h in enumerate(heads):
-                vs = folded[g]
-                for lo, hi in _ROUNDS:
-                    vs = [_pairwise(builder, vs[i], vs[i + 1], lo, hi) for i in range(0, len(vs), 2)]
+                for stack, folded in zip(stacks, _slot_folds(builder, qa, ka, heads, base, hd, chunks)):
+                    stack.append((0, folded))
+                    while len(stack) > 1 and stack[-1][0] == stack[-2][0]:
+                        (level, b), (_, a) = stack.pop(), stack.pop()
+                        lo, hi = _ROUNDS[level]
+                        stack.append((level + 1, _pairwise(builder, a, b, lo, hi)))
+            for (((_, sums),), h) in zip(stacks, heads):
                 dst = builder.gep(oa.data, [builder.add(builder.mul(h, width), first)])
-                builder.store(builder.fmul(vs[0], splat(builder, args[4])), builder.bitcast(dst, V16F.as_pointer()),
+                builder.store(builder.fmul(sums, splat(builder, args[4])), builder.bitcast(dst, V16F.as_pointer()),
                               align=4)
             return context.get_dummy_value()
 
@@ -151,6 +196,9 @@ def _v_rows(n_heads):
                 with cgutils.for_range(builder, count) as loop:
                     s = builder.add(row, builder.mul(loop.index, ir.Constant(i64, 64)))
                     base = builder.add(builder.mul(s, hd), c0)
+                    ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
+                    for half in (0, 32):  # 64 halves: two cache lines
+                        _prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
                     v = [halves_to_float(builder, _load_vec(builder, va.data, builder.add(base, ir.Constant(i64, 16 * j)),
                                                             V16S)) for j in range(4)]
                     for g, h in enumerate(heads):
@@ -200,14 +248,63 @@ def _block_max(typingctx, row, lo, hi):
     return types.float32(row, lo, hi), codegen
 
 
-_scores16_1, _scores16_2, _scores16_3, _scores16_4 = (_scores16(n) for n in range(1, MAX_HEADS + 1))
+@intrinsic
+def _exp_block(typingctx, row, s0, m):
+    # row[s0:s0 + 16] <- v_expf(row - m), 0 where row is -inf (masked); returns the 16
+    # lanes' sum as softmax_numerators forms it: i + i+8, i + i+4, then (0+2) + (1+3)
+    def codegen(context, builder, sig, args):
+        (ra,) = arrays(context, builder, sig, args, 0)
+        (first,) = i64_args(builder, [args[1]])
+        m = args[2] if sig.args[2] == types.float32 else builder.fptrunc(args[2], FLOAT)
+        ptr = builder.bitcast(builder.gep(ra.data, [first]), V16F.as_pointer())
+        x = builder.load(ptr, align=4)
+        live = builder.fcmp_unordered("!=", x, splat(builder, ir.Constant(FLOAT, float("-inf"))))
+        e = v_expf_ir(builder, builder.fsub(x, splat(builder, m)))
+        e = builder.select(live, e, ir.Constant(V16F, None))
+        builder.store(e, ptr, align=4)
+        v8 = builder.fadd(lanes(builder, e, 0, 8), lanes(builder, e, 8, 8))
+        v4 = builder.fadd(lanes(builder, v8, 0, 4), lanes(builder, v8, 4, 4))
+        r = [builder.extract_element(v4, ir.Constant(INT32, i)) for i in range(4)]
+        return builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
+
+    return types.float32(row, s0, m), codegen
+
+
+@nb.njit(**EXACT_FLAGS)
+def softmax_numerators_16(row, n, m):
+    # softmax_numerators (attention.py) with its exps 16 lanes at a time: the same bits
+    # where the CPU has FMA (v_expf_ir); a last partial block goes through a padded copy
+    total = 0.0
+    end = n - n % 16
+    for base in range(0, end, 16):
+        total += np.float64(_exp_block(row, base, m))
+    if end < n:
+        pad = np.full(16, -np.inf, np.float32)
+        pad[: n - end] = row[end:n]
+        total += np.float64(_exp_block(pad, 0, m))
+        row[end:n] = pad[: n - end]
+    return total
+
+
+# head size 64 (straight-line code) and any other multiple of 64 (a loop over chunks)
+_s64_1, _s64_2, _s64_3, _s64_4 = (_scores16(n, 1) for n in range(1, MAX_HEADS + 1))
+_scores16_1, _scores16_2, _scores16_3, _scores16_4 = (_scores16(n, None) for n in range(1, MAX_HEADS + 1))
 _v_rows_1, _v_rows_2, _v_rows_3, _v_rows_4 = (_v_rows(n) for n in range(1, MAX_HEADS + 1))
 
 
 @nb.njit(**EXACT_FLAGS)
 def _scores_block(q, h0, n, k_head, s0, scale, out):
     # K dots of query heads h0 .. h0 + n - 1 (n <= MAX_HEADS) with slots s0 .. s0 + 15
-    if n == 4:
+    if q.shape[1] == 64:
+        if n == 4:
+            _s64_4(q, h0, k_head, s0, scale, out)
+        elif n == 3:
+            _s64_3(q, h0, k_head, s0, scale, out)
+        elif n == 2:
+            _s64_2(q, h0, k_head, s0, scale, out)
+        else:
+            _s64_1(q, h0, k_head, s0, scale, out)
+    elif n == 4:
         _scores16_4(q, h0, k_head, s0, scale, out)
     elif n == 3:
         _scores16_3(q, h0, k_head, s0, scale, out)
@@ -265,7 +362,7 @@ def _softmax(scores, probs, n_heads, n_slots, maxima):
         row, m = scores[h], -np.inf
         for c in range(maxima.shape[1]):
             m = max(m, maxima[h, c])
-        denom = softmax_numerators(row, n_slots, m)
+        denom = softmax_numerators_16(row, n_slots, m) if HAS_FMA else softmax_numerators(row, n_slots, m)
         inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
         for s in range(n_slots):
             probs[h, s] = round_f16(row[s] * inv)

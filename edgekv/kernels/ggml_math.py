@@ -15,9 +15,13 @@ import math
 import numba as nb
 import numpy as np
 
+from llvmlite import ir
+from numba.core import cgutils
+
 from .config import EXACT_FLAGS
 from .fp16 import all_halves
 from .intrinsics import fma
+from .irvec import FLOAT, fma16, splat, vec
 
 _f32 = np.float32
 _SHIFT = _f32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer
@@ -46,6 +50,33 @@ def v_expf(x):
     if abs(n) > 192.0 or n != n:
         return _f32(0.0) if n <= 0 else _f32(np.inf)
     return scaled
+
+
+def v_expf_ir(builder, x):
+    """v_expf on every lane of a float32 vector `x` (LLVM IR, for the kernels written in
+    it): the same steps as v_expf above, one lane each, so the same bits where the CPU has
+    FMA (llvm.fma is always fused; v_expf's fallback without FMA rounds twice)."""
+    t, n_lanes = x.type, x.type.count
+    i64s, f64s = vec(ir.IntType(64), n_lanes), vec(ir.DoubleType(), n_lanes)
+
+    def c(value, vtype=t, element=FLOAT):
+        return splat(builder, ir.Constant(element, value), vtype)
+
+    z = fma16(builder, x, c(float(_LOG2E)), c(float(_SHIFT)))
+    n = builder.fsub(z, c(float(_SHIFT)))
+    neg = builder.fneg(n)
+    b = fma16(builder, neg, c(float(_LN2_LO)), fma16(builder, neg, c(float(_LN2_HI)), x))
+    u = builder.fmul(b, b)
+    inner = fma16(builder, fma16(builder, c(float(_C0)), b, c(float(_C1))), u,
+                  fma16(builder, c(float(_C2)), b, c(float(_C3))))
+    j = fma16(builder, inner, u, fma16(builder, c(float(_C4)), b, c(1.0)))
+    exponent = builder.shl(builder.add(builder.fptosi(n, i64s), c(1023, i64s, ir.IntType(64))),
+                           c(52, i64s, ir.IntType(64)))
+    scaled = builder.fptrunc(builder.fmul(builder.fpext(j, f64s), builder.bitcast(exponent, f64s)), t)
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t]), f"llvm.fabs.v{n_lanes}f32")
+    out_of_range = builder.fcmp_unordered(">", builder.call(fabs, [n]), c(192.0))  # or NaN
+    special = builder.select(builder.fcmp_ordered("<=", n, c(0.0)), c(0.0), c(float("inf")))
+    return builder.select(out_of_range, special, scaled)
 
 
 @nb.njit(**EXACT_FLAGS)
