@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from edgekv.kernels.attention import attention_f16, softmax_numerators
-from edgekv.kernels.attention_decode import DEPTH_MIN_SLOTS, attention_f16_deep, fits, softmax_numerators_16
+from edgekv.kernels.attention_decode import DEPTH_MIN_SLOTS, attention_f16_deep, fits
+from edgekv.kernels.attention_deep_ir import softmax_numerators_16
 from edgekv.kernels.intrinsics import HAS_FMA
 from edgekv.kernels.config import max_threads
 from tests.test_ops import F16_ATTENTION_ATOL, reference_attention

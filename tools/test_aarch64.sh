@@ -144,7 +144,9 @@ grep -q "sdot" "$CACHE/info.txt" || die "edgekv info does not name the sdot kern
 # the model end to end, and the kernels against the portable ones and the references.
 # Compiling under emulation is ~20x slower than native: a test's first call may compile
 # for many minutes, so the per-test timeout is an hour here (pyproject.toml: 10 min)
-TEST_GROUPS=("tests/aarch64 tests/test_models.py tests/test_families_llama_cpp.py" "tests/test_fast_kernels.py tests/test_matvec.py")
+# the deep f16 attention kernel's unit tests (its IR on NEON); not its real-model test, which needs gemma3
+DEEP_ATTENTION="tests/test_attention_decode.py::test_deep_kernel_matches_attention_f16_bit_for_bit tests/test_attention_decode.py::test_deep_kernel_honours_masks_in_a_wrapped_ring tests/test_attention_decode.py::test_deep_kernel_skips_underflowed_slots_as_attention_f16_does tests/test_attention_decode.py::test_blocked_softmax_numerators_are_softmax_numerators"
+TEST_GROUPS=("tests/aarch64 tests/test_models.py tests/test_families_llama_cpp.py" "tests/test_fast_kernels.py tests/test_matvec.py $DEEP_ATTENTION")
 step "tests inside the root, two processes: ${TEST_GROUPS[*]}"
 pids=()
 for i in 0 1; do
