@@ -214,7 +214,8 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
     # q/k/v-like weights of one input as one RowStack (backends' share_input): every part as its
     # own weight computes it, one token and a long chunk, with the members' arrays views of the block
     rng = np.random.default_rng(3)
-    shapes, n_cols = (64, 16, 24), 256
+    # row counts in whole row groups of this CPU's kernels (16 rows on AVX512-VNNI, 8 on AVX2)
+    shapes, n_cols = (4 * CHUNK, CHUNK, 3 * CHUNK), 256
     raws = [random_rows(ggml_type, n, n_cols, rng) for n in shapes]
     alone = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
     members = [QuantMatrix(raw, ggml_type, n, n_cols) for raw, n in zip(raws, shapes)]
