@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 from .config import EXACT_FLAGS, PARALLEL_FLAGS
 from .fp16 import all_halves, f16_to_f32, round_f16
 from .intrinsics import fma
-from .irvec import V16F, V16S, arrays, fma16, halves_to_float, lanes
+from .irvec import V16F, V16S, arrays, fma16, halves_to_float, reduce_add_ps
 from .ggml_math import v_expf
 
 F16_TO_F32 = all_halves()
@@ -139,10 +139,7 @@ def _dot_f16_4reg(typingctx, q, k_row):
                 builder.store(fma16(builder, qv, halves_to_float(builder, kh), builder.load(accs[j])), accs[j])
         r = [builder.load(a) for a in accs]
         v = builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
-        v8 = builder.fadd(lanes(builder, v, 8, 8), lanes(builder, v, 0, 8))
-        v4 = builder.fadd(lanes(builder, v8, 4, 4), lanes(builder, v8, 0, 4))
-        e = [builder.extract_element(v4, ir.Constant(ir.IntType(32), i)) for i in range(4)]
-        return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+        return reduce_add_ps(builder, v)
 
     return types.float32(q, k_row), codegen
 

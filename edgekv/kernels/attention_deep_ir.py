@@ -27,7 +27,8 @@ from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
 from .ggml_math import v_expf_ir
-from .irvec import FLOAT, INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, splat
+from .irvec import (FLOAT, INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, reduce_add_ps, splat,
+                    vec)
 
 
 def _pairwise(builder, a, b, lo, hi):
@@ -168,7 +169,7 @@ def _v_rows(n_heads):
             heads = [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)]
             count = builder.udiv(builder.add(builder.sub(n, row), ir.Constant(i64, 63)), ir.Constant(i64, 64))
             count = builder.select(builder.icmp_signed(">", n, row), count, ir.Constant(i64, 0))
-            zero = ir.Constant(ir.FloatType(), 0.0)
+            zero = ir.Constant(FLOAT, 0.0)
             with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(i64, 64))) as cols:
                 c0 = builder.mul(cols.index, ir.Constant(i64, 64))
                 accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
@@ -209,20 +210,17 @@ def _block_max(typingctx, row, lo, hi):
         i64 = ir.IntType(64)
         first, last = i64_args(builder, [args[1], args[2]])
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16F, [V16F, V16F]), "llvm.maxnum.v16f32")
-        best = cgutils.alloca_once_value(builder, splat(builder, ir.Constant(ir.FloatType(), float("-inf"))))
+        best = cgutils.alloca_once_value(builder, splat(builder, ir.Constant(FLOAT, float("-inf"))))
         count = builder.sdiv(builder.sub(last, first), ir.Constant(i64, 16))
         count = builder.select(builder.icmp_signed(">", count, ir.Constant(i64, 0)), count, ir.Constant(i64, 0))
         with cgutils.for_range(builder, count) as loop:
             at = builder.add(first, builder.mul(loop.index, ir.Constant(i64, 16)))
             builder.store(builder.call(fn, [builder.load(best), _load_vec(builder, ra.data, at, V16F)]), best)
         v = builder.load(best)
-        width = 16
-        while width > 1:
-            width //= 2
-            v = builder.call(cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v.type.__class__(ir.FloatType(), width), [v.type.__class__(
-                    ir.FloatType(), width)] * 2), f"llvm.maxnum.v{width}f32"),
-                [lanes(builder, v, 0, width), lanes(builder, v, width, width)])
+        for width in (8, 4, 2, 1):  # halves of v, maxed pairwise
+            vt = vec(FLOAT, width)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt]), f"llvm.maxnum.v{width}f32")
+            v = builder.call(fn, [lanes(builder, v, 0, width), lanes(builder, v, width, width)])
         return builder.extract_element(v, ir.Constant(INT32, 0))
 
     return types.float32(row, lo, hi), codegen
@@ -242,10 +240,7 @@ def _exp_block(typingctx, row, s0, m):
         e = v_expf_ir(builder, builder.fsub(x, splat(builder, m)))
         e = builder.select(live, e, ir.Constant(V16F, None))
         builder.store(e, ptr, align=4)
-        v8 = builder.fadd(lanes(builder, e, 0, 8), lanes(builder, e, 8, 8))
-        v4 = builder.fadd(lanes(builder, v8, 0, 4), lanes(builder, v8, 4, 4))
-        r = [builder.extract_element(v4, ir.Constant(INT32, i)) for i in range(4)]
-        return builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
+        return reduce_add_ps(builder, e)
 
     return types.float32(row, s0, m), codegen
 

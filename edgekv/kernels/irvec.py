@@ -63,6 +63,15 @@ def lanes(builder, vec, first, n):
     return builder.shuffle_vector(vec, undef, ir.Constant(ir.VectorType(INT32, n), list(range(first, first + n))))
 
 
+def reduce_add_ps(builder, v):
+    """The 16 float32 lanes of v summed as _mm512_reduce_add_ps sums them (ggml's 16-lane
+    sums): lanes i + i+8, then i + i+4, then (0 + 2) + (1 + 3); a float32 scalar."""
+    v8 = builder.fadd(lanes(builder, v, 8, 8), lanes(builder, v, 0, 8))
+    v4 = builder.fadd(lanes(builder, v8, 4, 4), lanes(builder, v8, 0, 4))
+    e = [builder.extract_element(v4, ir.Constant(INT32, i)) for i in range(4)]
+    return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+
+
 def load_at(builder, data, row, width, col):
     """data[row * width + col] for an element pointer `data` and i64 `row`; width: an int,
     col: an int or an i64 value."""
