@@ -62,7 +62,7 @@ def test_cpu_and_portable_give_the_same_bits_on_the_exact_path(tiny_model, weigh
     assert {w.uses_int8dot for w in (fast.network.layers[0].wq, portable.network.layers[0].wq)} == \
         ({kernel_map.takes_int8dot(fast.network.layers[0].wq.ggml_type, True), False})
     # K-quants: the fast backend sums on the int8 dot instructions wherever `edgekv info` says so
-    info_says = "sums" in kernel_map.weight_kernels(fast.network.layers[0].wq.ggml_type, True)[0]
+    info_says = "K-quant tiles" in kernel_map.weight_kernels(fast.network.layers[0].wq.ggml_type, True)[0]
     assert fast.network.layers[0].wq.sums_on_int8dot == info_says
     assert not portable.network.layers[0].wq.sums_on_int8dot
     runs = []

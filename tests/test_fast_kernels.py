@@ -100,6 +100,42 @@ def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
             assert same_bits(a, b), (scale, order)
 
 
+def _per_token_orders(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
+    # llama.cpp's batch orders token by token on the portable kernels (QuantMatrix.matmul_exact's rule)
+    n_tok, n_gemm = x.shape[0], x.shape[0] - x.shape[0] % 4
+    out = np.zeros((n_tok, m.n_rows), np.float32)
+    for t in range(n_tok):
+        m.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | (ORDER_TILED if n_tok >= 8 else 0))
+    return out
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)], ids=lambda t: T(t).name)
+def test_k_quant_tile_gemm_has_llama_cpp_orders_bits(ggml_type):
+    # gemm_k_ir.py's whole-tile kernels (the batch path, and matmul_exact from 8 tokens) against
+    # per-token portable matvecs: token counts with and without a remainder of the 4-token
+    # groups and of the Q6_K tiles, a padded last row group, a zero super-block, tiny and large x
+    rng = np.random.default_rng(ggml_type + 1)
+    n_rows, n_cols = 100, 768
+    raw = random_rows(ggml_type, n_rows, n_cols, rng)
+    fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+    for n_tok in (4, 5, 8, 13, 64, 67):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
+        x[1, 256:512] = 0
+        expected = _per_token_orders(portable, x)
+        exact, batch = np.zeros_like(expected), np.zeros_like(expected)
+        fast.matmul_exact(x, exact)
+        assert same_bits(exact, expected), n_tok
+        if n_tok >= 8:
+            fast.matmul_batch(x, batch)
+            assert same_bits(batch, expected), n_tok
+        fast.matvec_rows(x, batch)  # separate sequences: each token as its own decode step
+        for t in range(n_tok):
+            portable.matvec(x[t], expected[t], ORDER_GEMV)
+        assert same_bits(batch, expected), n_tok
+
+
 @pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q6_K), int(T.Q5_0)], ids=lambda t: T(t).name)
 def test_lane_count_does_not_change_a_bit(ggml_type):
     # 16-row groups (the VNNI layout) and 64-row groups through the portable kernels

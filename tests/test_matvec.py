@@ -150,7 +150,7 @@ def test_matmul_and_rows(ggml_type, monkeypatch):
             out = np.full((n_tok, n_rows), np.nan, np.float32)
             matmul(x, out)
             ref = x.astype(np.float64) @ W.T
-            if matmul == mat.matmul_exact or mat.uses_int8dot:  # q8 activations: their rounding bound
+            if matmul == mat.matmul_exact or mat.uses_int8dot or mat.sums_on_int8dot:  # q8 activations: their bound
                 bound = np.stack([matvec_bound(m.quant, W, x[t], block_scale_m(raw, ggml_type))
                                   for t in range(n_tok)])
             else:  # dequantized tiles + BLAS: float32 accumulation only

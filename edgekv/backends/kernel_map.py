@@ -14,13 +14,13 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | weight type               | n < 64 (decode, short chunks)              | n >= 64, cpu with int8 dot         | n >= 64, portable                 |
 |---------------------------|--------------------------------------------|------------------------------------|-----------------------------------|
 | Q8_0 Q4_0 Q4_1 Q5_0 Q5_1  | int8 dot: dot_ir.py matvec; else dot_q.py  | dot_ir.py IR GEMM, q8 acts         | unpack.py tiles + BLAS, f32 acts  |
-| Q4_K Q5_K                 | dot_k.py (q8_K acts, llama.cpp's 3 orders); | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
-|                           | int8 dot: its integer sums on dot_k_ir.py   |                                    |                                   |
-| Q6_K                      | dot_k.py dot_q6_k (q8_K acts); int8 dot:    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
-|                           | its integer sums on dot_k_ir.py             |                                    |                                   |
+| Q4_K Q5_K Q6_K            | int8 dot: gemm_k_ir.py whole-tile kernels  | gemm_k_ir.py, the same kernels:    | unpack.py tiles + BLAS            |
+|                           | (q8_K acts, llama.cpp's 3 orders); else    | llama.cpp's batch orders, exact    |                                   |
+|                           | dot_k.py (the same orders)                 |                                    |                                   |
 | F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
+and the K-quants' batch column (so Gemma 3's Q4_K/Q6_K prefill rounds as llama.cpp's does),
 on both backends and on every CPU (the VNNI, sdot and portable kernels give the same bits:
 tests/test_fast_kernels.py, and tests/aarch64 under emulation). Float weights (F32, F16,
 BF16): dot_float sums a row in order, where llama.cpp's llamafile sgemm / ggml_vec_dot sum
@@ -83,7 +83,9 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
     if ggml_type in INT8DOT_TYPES:
         exact = "dot_q lanes (exact)"
     elif ggml_type in K_TYPES:
-        exact = f"dot_k lanes, {ISA.name} sums (exact)" if int8dot and HAS_INT8DOT else "dot_k lanes (exact)"
+        if int8dot and HAS_INT8DOT:
+            return f"{ISA.name} K-quant tiles (exact)", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
+        exact = "dot_k lanes (exact)"
     else:
         exact = "dot_float (exact)"
     return exact, "dequantized tiles + BLAS"

@@ -121,3 +121,10 @@ def quantize_acts(x, xq, xd, xsum):
     # every token's activations to q8 blocks: x f32[n, n_cols] -> xq i8[n, NB, 32], xd, xsum
     for t in nb.prange(x.shape[0]):
         quantize_act_q8(x[t], xq[t], xd[t], xsum[t])
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def quantize_acts_k(x, xq, xd, xsum):
+    # every token's activations to q8_K blocks: x f32[n, n_cols] -> xq i8[n, NB, 256], xd, xsum
+    for t in nb.prange(x.shape[0]):
+        quantize_act_q8_k(x[t], xq[t], xd[t], xsum[t])

@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as T
 from .config import EXACT_FLAGS
 from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics
 from .dot_k_ir import k_intrinsics
+from .gemm_k_ir import k_tile_intrinsics
 from .avx2 import AVX2, HAS_AVX2
 from .sdot import HAS_SDOT, SDOT
 from .vnni import HAS_VNNI, VNNI
@@ -34,6 +35,10 @@ _g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
 
 _k4, _k5, _q6 = k_intrinsics(ISA or VNNI)
 K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
+Q6_TOKENS = 4 if CHUNK == 16 else 2  # tokens per Q6_K tile: 16 sums + 4 codes fill the registers
+_KT = k_tile_intrinsics(ISA or VNNI, Q6_TOKENS)
+_q4k_gemm, _q5k_gemm, _q4k_gemv, _q5k_gemv, _q6k_tiled, _q6k_gemv = (
+    _KT[k] for k in ("q4k_gemm", "q5k_gemm", "q4k_gemv", "q5k_gemv", "q6k_tiled", "q6k_gemv"))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -87,3 +92,33 @@ def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
                 _g_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
             else:
                 _g_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
+def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
+    # out_pad f32[n_tok, G * R] = x @ W^T for a K-quant weight (gemm_k_ir.py). batch: the
+    # tokens are one chunk, in the orders llama.cpp uses for it: Q4_K/Q5_K whole groups of 4
+    # tokens per-chunk FMAs (its repacked gemm), the rest per super-block (gemv); Q6_K from 8
+    # tokens tiled, else vec_dot's lanes. Not batch: every token as a lone decode step (gemv).
+    per_group = qs.shape[3] // CHUNK
+    n_tok = xq4.shape[0]
+    n_gemm = n_tok - n_tok % 4 if batch else 0
+    for job in nb.prange(qs.shape[0] * per_group):
+        g, c = job // per_group, job % per_group
+        if kind == T.Q6_K:
+            if batch and n_tok >= 8:
+                for t0 in range(0, n_tok, Q6_TOKENS):
+                    _q6k_tiled(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+            else:
+                for t in range(n_tok):
+                    _q6k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+        elif kind == T.Q4_K:
+            for t0 in range(0, n_gemm, 4):
+                _q4k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+            for t in range(n_gemm, n_tok):
+                _q4k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+        else:
+            for t0 in range(0, n_gemm, 4):
+                _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+            for t in range(n_gemm, n_tok):
+                _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)

@@ -17,8 +17,10 @@ How each product is computed, and why:
 - matmul_exact (a short chunk): one matvec per token in llama.cpp's summation orders,
   bit-identical to it.
 - matmul_batch (a long chunk): the integer GEMM on q8 activations (dot_ir.py) where
-  the weight takes the int8 dot-product kernels (AVX512-VNNI or Arm sdot), else tiles
-  of rows dequantized to float32 (unpack.py) and multiplied by BLAS; either reads the weight once, not n times.
+  the weight takes the int8 dot-product kernels (AVX512-VNNI, AVX2 or Arm sdot); for the
+  K-quants on those CPUs the whole-tile IR kernels (gemm_k_ir.py) in llama.cpp's batch
+  orders, bit-exact; else tiles of rows dequantized to float32 (unpack.py) and
+  multiplied by BLAS. Each reads the weight once, not n times.
   Dequantizing a tile costs about as much as 4-6 matvecs. Which of the two a chunk
   takes is the backend's choice (backends/kernel_map.py).
 - rows: one lane unpacked per requested row, bit-identical to quants.dequantize.
@@ -42,8 +44,8 @@ from .dot_k import INT8DOT, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, dot_q4_k, dot_q
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
-from .activations import quantize_acts
-from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, matvec_chunks
+from .activations import quantize_acts, quantize_acts_k
+from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, k_gemm_chunks, matvec_chunks
 from .unpack import unpack_group
 
 if TYPE_CHECKING:
@@ -150,6 +152,20 @@ def matvec_int8dot(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
     out[:] = out_pad[:out.shape[0]]
 
 
+@nb.njit(**EXACT_FLAGS)
+def matvec_k_int8dot(kind, x, qs, qh, sc, d, xq, xd, xsum, out_pad, out):
+    # a K-quant weight, one token, through the IR kernels (int8dot.k_gemm_chunks): the bits
+    # of matvec_lanes in ORDER_GEMV; out_pad as in matvec_int8dot
+    act.quantize_act_q8_k(x, xq, xd, xsum)
+    n_sb = xq.shape[0]
+    xq4, xs, xd1 = xq.view(np.int32).reshape(1, n_sb, 64), xsum.reshape(1, n_sb, 16), xd.reshape(1, n_sb, 2)
+    if out_pad.size == 0:
+        k_gemm_chunks(kind, qs, qh, sc, d, xq4, xs, xd1, False, out.reshape(1, out.size))
+        return
+    k_gemm_chunks(kind, qs, qh, sc, d, xq4, xs, xd1, False, out_pad.reshape(1, out_pad.size))
+    out[:] = out_pad[:out.shape[0]]
+
+
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
 def unpack_tile(kind, qs, qh, sc, d, w, g0, g1, tile):
     # groups g0..g1-1 -> tile: f32[n_cols, >= (g1-g0)*R], row g*R + r in column (g-g0)*R + r
@@ -199,6 +215,17 @@ def quantize_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return xq, xd, xsum
 
 
+def quantize_chunk_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk's activations x: f32[n_tok, n_cols] as q8_K blocks (xq, xd, xsum) in this
+    thread's scratch (valid until the next call), for the K-quant GEMM."""
+    n_tok, nb_ = x.shape[0], x.shape[1] // 256
+    xq = thread_scratch("kxq", n_tok * nb_ * 256, np.int8).reshape(n_tok, nb_, 256)
+    xd = thread_scratch("kxd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
+    xsum = thread_scratch("kxsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
+    quantize_acts_k(x, xq, xd, xsum)
+    return xq, xd, xsum
+
+
 class QuantMatrix:
     """A [n_rows, n_cols] weight (ggml ne0 = n_cols, the contiguous row length).
 
@@ -236,11 +263,12 @@ class QuantMatrix:
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         # the int8 dot-product kernels (int8dot.py) where the CPU has them and the type is theirs
         self._int8dot = int8dot and lanes % CHUNK == 0
-        # K-quants keep the portable layout and kernels (dot_k.py) with the integer sums on
-        # the int8 dot instructions (dot_k_ir.py): the INT8DOT flag of every matvec
+        # K-quants keep the portable layout; on the int8 dot instructions they run on the
+        # whole-tile IR kernels (gemm_k_ir.py), and explicit orders on dot_k.py with the
+        # integer sums on them (dot_k_ir.py): the INT8DOT flag
         k_int8dot = HAS_INT8DOT and use_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
         self._k_flags = INT8DOT if k_int8dot else 0
-        padded = self._int8dot and self.n_rows != self._p.n_groups * lanes
+        padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
         self.stack: RowStack | None = None  # set by the backend's share_input (row_stack.py)
@@ -268,6 +296,10 @@ class QuantMatrix:
         if self._int8dot:
             matvec_int8dot(self.ggml_type, x, p.qs, p.qh, p.d, self._xq, self._xd, self._xsum, self._out_pad, out)
             return
+        if self._k_flags and order == ORDER_GEMV:  # one token wholly in IR (gemm_k_ir.py)
+            matvec_k_int8dot(self.ggml_type, x, p.qs, p.qh, p.sc, p.d, self._xq, self._xd, self._xsum,
+                             self._out_pad, out)
+            return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
             self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order | self._k_flags)
@@ -281,6 +313,9 @@ class QuantMatrix:
         if self._int8dot:
             for t in range(n_tok):
                 self.matvec(x[t], out[t])
+            return
+        if self._k_flags:
+            self._k_gemm(x, out, False)
             return
         p = self._p
         xq = thread_scratch("rows_xq", n_tok * self._xq.size, np.int8).reshape((n_tok,) + self._xq.shape)
@@ -299,6 +334,9 @@ class QuantMatrix:
         # llama.cpp runs a batch's whole groups of 4 tokens through its (repacked Q4_K)
         # gemm and the rest through gemv, and from 8 tokens on its tiled K-quant matmul;
         # each sums K-quant products in its own order
+        if self._k_flags:
+            self._k_gemm(x, out, True)  # the same orders in the whole-tile IR kernels
+            return
         n_gemm = n_tok - n_tok % 4
         tiled = ORDER_TILED if n_tok >= 8 else 0
         for t in range(n_tok):
@@ -313,6 +351,9 @@ class QuantMatrix:
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
         p, R = self._p, self.lanes
+        if self._k_flags:  # K-quants: llama.cpp's integer products and orders (gemm_k_ir.py)
+            self._k_gemm(x, out, True)
+            return
         if self._int8dot:  # integer GEMM on q8 activations (dot_ir.py)
             xq, xd, xsum = acts if acts is not None else quantize_chunk(x)
             if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
@@ -334,6 +375,19 @@ class QuantMatrix:
                 prod = thread_scratch("prod", n_tok * (r1 - r0)).reshape(n_tok, r1 - r0)
                 np.dot(x, tile[:, :r1 - r0], out=prod)
                 out[:, r0:r1] = prod
+
+    def _k_gemm(self, x: np.ndarray, out: np.ndarray, batch: bool) -> None:
+        # out = x @ W^T for a K-quant weight on the int8 dot kernels (gemm_k_ir.py), bit for
+        # bit as per-token matvecs in llama.cpp's orders for one chunk (batch) or for
+        # separate decode steps (not batch)
+        p = self._p
+        xq, xd, xsum = quantize_chunk_k(x)
+        if self.n_rows == p.n_groups * self.lanes:
+            k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd, batch, out)
+            return
+        pad = thread_scratch("gemm", x.shape[0] * p.n_groups * self.lanes).reshape(x.shape[0], -1)
+        k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd, batch, pad)
+        out[:] = pad[:, :self.n_rows]
 
     def rows(self, ids: np.ndarray, out: np.ndarray) -> None:
         """out[i] = row ids[i] of W, dequantized (embedding lookup)."""

@@ -42,7 +42,8 @@ def test_the_cpu_has_sdot_and_the_cpu_backend_takes_it():
     for kind in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
         assert kernel_map.weight_kernels(kind, True) == ("sdot matvec (exact)", "sdot GEMM, q8 activations")
     for kind in (T.Q4_K, T.Q5_K, T.Q6_K):
-        assert kernel_map.weight_kernels(kind, True)[0] == "dot_k lanes, sdot sums (exact)"
+        assert kernel_map.weight_kernels(kind, True) == ("sdot K-quant tiles (exact)",
+                                                         "sdot K-quant tiles, q8_K activations (exact)")
         assert kernel_map.weight_kernels(kind, False)[0] == "dot_k lanes (exact)"
 
 
