@@ -1,7 +1,8 @@
 """`edgekv perplexity` on tests/reference/gpl3.txt against llama-perplexity's figures.
 
 The bar (reference README): within 1% of llama.cpp's PPL with the same cache type (K and
-V alike): f16 at -c 512 and -c 2048, q8_0 and q4_0 at -c 512. At 2048 Gemma 3's local layers see only their
+V alike): f16 at -c 512 and -c 2048, q8_0 and q4_0 at -c 512; and for f16 within 0.3% of
+llama-perplexity with flash attention off. At 2048 Gemma 3's local layers see only their
 512-token window, so this also exercises sliding-window attention. The runs take a few
 minutes on two cores; they are part of `make test` because they are the end-to-end
 check that long prefill chunks (the BLAS path) compute the same model.
@@ -19,11 +20,16 @@ from edgekv.cli import main
 
 FILES = {"smollm2-135m-instruct": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 REL_TOL = 0.01
+# Against llama-perplexity with flash attention off (f16 cache): K-quant weights take llama.cpp's
+# integer products at every batch size (kernels/gemm_k_ir.py), so the remaining differences are
+# the attention's BLAS order and llama.cpp's own CPU dependence (~0.15%, the rows' `cpu`)
+FA_OFF_REL_TOL = 0.003
 
 
-def _expected(model: str, n_ctx: int, cache: str) -> float:
+def _expected(model: str, n_ctx: int, cache: str, flash_attn: str = "on") -> float:
     results = json.loads((REFERENCE_DIR / "perplexity.json").read_text())["results"]
-    (row,) = [r for r in results if r["model"] == FILES[model] and r["n_ctx"] == n_ctx and r["cache"] == cache]
+    (row,) = [r for r in results if r["model"] == FILES[model] and r["n_ctx"] == n_ctx and r["cache"] == cache
+              and r["flash_attn"] == flash_attn]
     return row["ppl"]
 
 
@@ -39,3 +45,6 @@ def test_perplexity_within_one_percent_of_llama_cpp(request, capsys, model, n_ct
     ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", out).group(1))
     expected = _expected(model, n_ctx, cache)
     assert abs(ppl - expected) / expected < REL_TOL, f"PPL {ppl} vs llama.cpp {expected}"
+    if cache == "f16":  # flash attention off: f32 V sums, as the batch path's; the weights round as llama.cpp's
+        fa_off = _expected(model, n_ctx, cache, "off")
+        assert abs(ppl - fa_off) / fa_off < FA_OFF_REL_TOL, f"PPL {ppl} vs llama.cpp with flash attention off {fa_off}"

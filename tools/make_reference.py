@@ -53,13 +53,14 @@ CHATS = {"smollm2-135m-instruct-q4_1": [
 N_GREEDY, N_CHAT, TOP = 48, 64, 32
 SOURCE = "llama.cpp (vendored in llama-cpp-python 0.3.36, CPU build), greedy = argmax of logits"
 PERPLEXITY_RUNS = [(512, "f16"), (512, "q8_0"), (512, "q4_0"), (2048, "f16")]  # (n_ctx, K and V cache type)
+FA_OFF_RUNS = [(512, "f16"), (2048, "f16")]  # with flash attention off: V summed in f32, as edgekv's batch path
 PERPLEXITY_METHOD = (
     "llama.cpp llama-perplexity: tokenize the whole file (BOS added when the model's add_bos is true); split "
     "into consecutive chunks of n_ctx tokens (remainder dropped); in each chunk replace the first token by BOS "
     "when add_bos; evaluate each chunk from an empty cache; score the tokens at positions n_ctx/2+1 .. n_ctx-1 "
     "(the prediction at position p scores token p+1, for p = n_ctx/2 .. n_ctx-2), i.e. n_ctx/2-1 tokens per "
-    "chunk; PPL = exp(mean NLL over all scored tokens). Threads 2, flash attention on, cache types as given "
-    "(same type for K and V).")
+    "chunk; PPL = exp(mean NLL over all scored tokens). Threads 2, flash attention as each row's "
+    "flash_attn (on where absent), cache types as given (same type for K and V); cpu: where the row was measured.")
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "reference"
 
 
@@ -137,20 +138,37 @@ def make_greedy(out: Path, folder: Path) -> None:
     print(f"wrote {out}")
 
 
-def make_perplexity(out: Path, folder: Path, binary: str, text: Path) -> None:
+def _cpu() -> str:
+    # the CPU's model and the flags that choose llama.cpp's x86 kernels (its figures depend on them)
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = set((re.search(r"^flags\s*:\s*(.+)$", info, re.M) or re.search("()", "")).group(1).split())
+    chosen = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512vnni", "avx512_bf16") if f in flags]
+    return f"{name.group(1) if name else 'unknown CPU'} ({' '.join(chosen)})"
+
+
+def make_perplexity(out: Path, folder: Path, binary: str, text: Path, flash_attn: str) -> None:
+    """Run llama-perplexity for every PERPLEXITY_RUNS row (flash attention on) or FA_OFF_RUNS
+    row (off) and write them into `out`, keeping the rows of the other setting already there
+    (a row without "flash_attn" is an "on" row). Each row records the CPU it was measured on:
+    llama.cpp's own figures differ by ~0.15% between its AVX2 and AVX-512 kernels."""
     results = []
     for name in MODELS.values():
-        for n_ctx, cache in PERPLEXITY_RUNS:
+        for n_ctx, cache in PERPLEXITY_RUNS if flash_attn == "on" else FA_OFF_RUNS:
             cmd = [binary, "-m", str(folder / name), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx), "-t", "2",
-                   "-ctk", cache, "-ctv", cache]
+                   "-ctk", cache, "-ctv", cache, "-fa", flash_attn]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             log = done.stdout + done.stderr
             ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", log).group(1))
             chunks = int(re.search(r"calculating perplexity over (\d+) chunks", log).group(1))
-            results.append(dict(model=name, n_ctx=n_ctx, chunks=chunks, cache=cache, ppl=ppl))
+            results.append(dict(model=name, n_ctx=n_ctx, chunks=chunks, cache=cache, flash_attn=flash_attn,
+                                cpu=_cpu(), ppl=ppl))
             print(results[-1], flush=True)
+    kept = []
+    if out.exists():
+        kept = [r for r in json.loads(out.read_text())["results"] if r.get("flash_attn", "on") != flash_attn]
     engine = "llama.cpp build 0c1e570 (vendored in llama-cpp-python 0.3.36), CPU"
-    data = dict(method=PERPLEXITY_METHOD, engine=engine, file=text.name, results=results)
+    data = dict(method=PERPLEXITY_METHOD, engine=engine, file=text.name, results=kept + results)
     out.write_text(json.dumps(data, indent=1))
     print(f"wrote {out}")
 
@@ -162,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", help="folder with the GGUF files (default: edgekv's model cache)")
     parser.add_argument("--llama-perplexity", help="path of llama.cpp's llama-perplexity (for `perplexity`)")
     parser.add_argument("--text", type=Path, default=REFERENCE / "gpl3.txt", help="evaluation text for `perplexity`")
+    parser.add_argument("--flash-attn", choices=["on", "off"], default="on",
+                        help="`perplexity`: llama-perplexity's -fa; rows of the other setting in OUT are kept")
     args = parser.parse_args(argv)
     folder = models_dir(args.models_dir)
     if args.what == "greedy":
@@ -169,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.llama_perplexity:
         parser.error("perplexity needs --llama-perplexity PATH")
     else:
-        make_perplexity(args.out, folder, args.llama_perplexity, args.text)
+        make_perplexity(args.out, folder, args.llama_perplexity, args.text, args.flash_attn)
     return 0
 
 
