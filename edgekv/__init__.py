@@ -12,6 +12,18 @@ its module but not promised to stay put.
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
+# OpenBLAS (NumPy's BLAS: prefill attention, the portable weight tiles) keeps its worker
+# threads spinning for 2^28 cycles (~0.1 s) after each call; between BLAS calls that is
+# time stolen from the Numba kernels' own threads. On 2 cores gemma3's pp512 took 1.82 s
+# with the default and 1.02 s with workers that sleep after 2^4 cycles (1.21 s with one
+# BLAS thread). OpenBLAS reads this when NumPy is first imported: an application that
+# imports NumPy before edgekv should set OPENBLAS_THREAD_TIMEOUT=4 itself (README, Speed).
+if "numpy" not in _sys.modules:
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 from importlib import import_module
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any

@@ -5,6 +5,12 @@ A test that needs a real model and cannot get it fails loudly: it is never skipp
 
 from __future__ import annotations
 
+import os
+
+# as `import edgekv` does when it comes first (edgekv/__init__.py): OpenBLAS's threads sleep
+# after a call instead of spinning against the kernels' threads; NumPy reads it on import
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 import json
 import platform
 from pathlib import Path

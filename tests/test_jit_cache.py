@@ -77,3 +77,19 @@ def test_warmup_into_a_folder_that_cannot_be_written_is_a_clear_error(monkeypatc
     assert main(["warmup", "--backend", "cpu-portable"]) == 1
     err = capsys.readouterr().err
     assert "cannot write the kernel cache" in err and "EDGEKV_KERNEL_CACHE" in err and "compiling" not in err
+
+
+def _blas_timeout_after(imports: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    code = f"{imports}; import os; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT', 'unset'))"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_import_edgekv_first_makes_openblas_threads_sleep_and_respects_a_users_choice():
+    assert _blas_timeout_after("import edgekv; import numpy") == "4"
+    # NumPy already loaded: OpenBLAS has read its environment, so edgekv leaves it alone
+    assert _blas_timeout_after("import numpy; import edgekv") == "unset"
+    env = dict(os.environ, OPENBLAS_THREAD_TIMEOUT="10")
+    out = subprocess.run([sys.executable, "-c", "import edgekv, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "10"
