@@ -89,7 +89,7 @@ def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
-    assert fast.sums_on_int8dot and not portable.sums_on_int8dot and fast.lanes == portable.lanes == 64
+    assert fast.sums_on_int8dot and not portable.sums_on_int8dot and (fast.lanes, portable.lanes) == (CHUNK, 64)
     for scale in (1.0, 1e-3, 50.0):
         x = (rng.standard_normal(n_cols) * scale).astype(np.float32)
         x[256:512] = 0
