@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
 from .ggml_math import v_expf_ir
-from .irvec import (FLOAT, INT32, V16F, V16S, arrays, fma16, halves_to_float, i64_args, lanes, reduce_add_ps, splat,
+from .irvec import (FLOAT, INT32, V16F, V16S, arrays, fma16, prefetch, halves_to_float, i64_args, lanes, reduce_add_ps, splat,
                     vec)
 
 
@@ -62,14 +62,6 @@ V_PREFETCH_ROWS = 1
 MAX_HEADS = 4  # query heads of a GQA group that one call serves (registers: 4 x 4 accumulators)
 
 
-def _prefetch(builder, ptr):
-    # a hint to fetch the line at ptr into every cache level (never faults, even past the end)
-    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                        "llvm.prefetch.p0")
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-
-
 def _load_vec(builder, data, at, vtype):
     return builder.load(builder.bitcast(builder.gep(data, [at]), vtype.as_pointer()), align=2)
 
@@ -85,7 +77,7 @@ def _slot_folds(builder, qa, ka, heads, base, hd, chunks):
     def chunk(c0):
         ahead = builder.add(builder.add(base, builder.mul(hd, ir.Constant(i64, K_PREFETCH_SLOTS))), c0)
         for half in (0, 32):  # 64 halves: two cache lines
-            _prefetch(builder, builder.gep(ka.data, [builder.add(ahead, ir.Constant(i64, half))]))
+            prefetch(builder, builder.gep(ka.data, [builder.add(ahead, ir.Constant(i64, half))]))
         for j in range(4):
             at = builder.add(c0, ir.Constant(i64, 16 * j))
             k = halves_to_float(builder, _load_vec(builder, ka.data, builder.add(base, at), V16S))
@@ -179,7 +171,7 @@ def _v_rows(n_heads):
                     base = builder.add(builder.mul(s, hd), c0)
                     ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
                     for half in (0, 32):  # 64 halves: two cache lines
-                        _prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
+                        prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
                     v = [halves_to_float(builder, _load_vec(builder, va.data, builder.add(base, ir.Constant(i64, 16 * j)),
                                                             V16S)) for j in range(4)]
                     for g, h in enumerate(heads):

@@ -49,7 +49,13 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, splat, vec
+from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, prefetch, splat, vec
+
+# A decode step reads every weight from DRAM (the output matrix has swept the caches), in
+# jobs of a few KiB, too short for the hardware prefetchers to ramp up: the matvec kernel
+# asks for the weight codes this far ahead in its thread's stream (its next blocks, then
+# its next groups). SmolLM2 on an AVX2 EPYC, 2 threads: 7.8-8.1 -> 7.2-7.4 ms per token.
+PREFETCH_BYTES = 2048
 
 TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types these kernels serve
 
@@ -114,6 +120,11 @@ def _fifth_bits(builder, bits, first, const):
     return builder.shl(spread, const(4))
 
 
+def n_words_max(kind):
+    # u32 words of codes per row and block
+    return 8 if kind == T.Q8_0 else 4
+
+
 def scales(builder, width, d_data, index, factor):
     # f32(f16 d_w[width rows] * factor): the f16 bits widened exactly, one rounded multiply
     halves = load16(builder, d_data, index, vec(INT16, width))
@@ -139,6 +150,10 @@ def chunk_codegen(kind, isa):
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
             scale = scales(builder, W, d.data, d_base, load_at(builder, xd.data, b, 2, 0))
+            if PREFETCH_BYTES:
+                at = builder.add(builder.mul(builder.mul(gb, n_words), R), row0)
+                for line in range(0, 4 * W * n_words_max(kind), 64):
+                    prefetch(builder, builder.gep(qs.data, [builder.add(at, ir.Constant(i64, (PREFETCH_BYTES + line) // 4))]))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
             for j in range(8):
                 lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, b, 8, j), isa.signed(kind))

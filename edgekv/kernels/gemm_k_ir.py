@@ -38,9 +38,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .dot_ir import scales
-from .irvec import FLOAT, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, splat, vec
-from .irvec import INT16
+from .dot_ir import PREFETCH_BYTES, scales
+from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, prefetch, splat, vec
 
 I64, INT8 = ir.IntType(64), ir.IntType(8)
 
@@ -88,6 +87,13 @@ class _Frame:
         w = w if isinstance(w, ir.Value) else ir.Constant(I64, w)
         return load16(builder, arr.data, _at(builder, (self.g, None), (b, self.n_sb), (w, n_words), (self.row0, self.R)), vi)
 
+    def prefetch_ahead(self, builder, b, width):
+        # one token's kernels read each weight once, from DRAM: ask for the codes
+        # PREFETCH_BYTES ahead of super-block b in this job's stream (dot_ir.py says why)
+        at = _at(builder, (self.g, None), (b, self.n_sb), (ir.Constant(I64, 0), self.n_w), (self.row0, self.R))
+        for line in range(0, 32 * 4 * width, 64):
+            prefetch(builder, builder.gep(self.qs.data, [builder.add(at, ir.Constant(I64, (PREFETCH_BYTES + line) // 4))]))
+
     def per_row(self, builder, arr, n_cols, b, k):
         # flat index of arr[g, b, k, row0] for a [G, NSB, n_cols, R] array
         return _at(builder, (self.g, None), (b, self.n_sb), (ir.Constant(I64, k), n_cols), (self.row0, self.R))
@@ -112,6 +118,8 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
         with cgutils.for_range(builder, f.n_sb) as loop:
             b = loop.index
             tbs = [builder.add(builder.mul(t, f.n_sb), b) for t in f.toks]
+            if n_t == 1:
+                f.prefetch_ahead(builder, b, W)
             d_at = f.per_row(builder, f.d, f.n_d, b, 0)
             dxs = [load_at(builder, f.xd.data, tb, 2, 0) for tb in tbs]
             tot = mins = [None] * n_t
@@ -219,6 +227,7 @@ def _q6_gemv_codegen(isa):
         with cgutils.for_range(builder, f.n_sb) as loop:
             b = loop.index
             tb = builder.add(builder.mul(f.toks[0], f.n_sb), b)
+            f.prefetch_ahead(builder, b, W)
             scs = [_bytes(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, sub), W, True)
                    for sub in range(16)]
             lanes = [None] * 8
