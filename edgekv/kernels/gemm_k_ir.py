@@ -169,6 +169,19 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
     return codegen
 
 
+def _q6_codes(builder, f, b, h, half, jj, vi):
+    # the code vectors of run jj of quarters k = 0..3 of quarter-pair (h, half) of a Q6_K
+    # super-block b: 4 bits of ql word w (quarters 0/2: low/high nibbles) or w + 8 (1/3),
+    # 2 bits (at 2k) of qh word 8h + 4 half + jj, for codes 0..63
+    w = 16 * h + 4 * half + jj
+    p = f.word(builder, f.qs, f.n_w, b, w, vi)
+    q = f.word(builder, f.qs, f.n_w, b, w + 8, vi)
+    e = f.word(builder, f.qh, f.n_qh, b, 8 * h + 4 * half + jj, vi)
+    return [builder.or_(builder.and_(builder.lshr(low, _const(vi, shift)), _const(vi, 0x0F0F0F0F)),
+                        builder.shl(builder.and_(builder.lshr(e, _const(vi, 2 * k)), _const(vi, 0x03030303)), _const(vi, 4)))
+            for k, (low, shift) in enumerate(((p, 0), (q, 0), (p, 4), (q, 4)))]
+
+
 def _q6_codegen(isa, n_t):
     """IR body of q6_tile (see the module docstring) for n_t tokens."""
     W = isa.width
@@ -185,14 +198,7 @@ def _q6_codegen(isa, n_t):
                 for half in range(2):
                     sums = [[None] * 4 for _ in range(n_t)]  # sub-block 8h + 2k + half of token i
                     for jj in range(4):
-                        w = 16 * h + 4 * half + jj  # ql word of quarters 0/2; w + 8 of quarters 1/3
-                        p = f.word(builder, f.qs, f.n_w, b, w, vi)
-                        q = f.word(builder, f.qs, f.n_w, b, w + 8, vi)
-                        e = f.word(builder, f.qh, f.n_qh, b, 8 * h + 4 * half + jj, vi)
-                        for k, (low, shift) in enumerate(((p, 0), (q, 0), (p, 4), (q, 4))):
-                            codes = builder.or_(builder.and_(builder.lshr(low, _const(vi, shift)), _const(vi, 0x0F0F0F0F)),
-                                                builder.shl(builder.and_(builder.lshr(e, _const(vi, 2 * k)),
-                                                                         _const(vi, 0x03030303)), _const(vi, 4)))
+                        for k, codes in enumerate(_q6_codes(builder, f, b, h, half, jj, vi)):
                             x_word = 32 * h + 4 * half + jj + 8 * k
                             for i, tb in enumerate(tbs):
                                 sums[i][k] = isa.dot(builder, sums[i][k], codes, load_at(builder, f.x4.data, tb, 64, x_word))
@@ -234,14 +240,7 @@ def _q6_gemv_codegen(isa):
             for h in range(2):
                 for half in range(2):
                     for jj in range(4):
-                        w = 16 * h + 4 * half + jj
-                        p = f.word(builder, f.qs, f.n_w, b, w, vi)
-                        q = f.word(builder, f.qs, f.n_w, b, w + 8, vi)
-                        e = f.word(builder, f.qh, f.n_qh, b, 8 * h + 4 * half + jj, vi)
-                        for k, (low, shift) in enumerate(((p, 0), (q, 0), (p, 4), (q, 4))):
-                            codes = builder.or_(builder.and_(builder.lshr(low, _const(vi, shift)), _const(vi, 0x0F0F0F0F)),
-                                                builder.shl(builder.and_(builder.lshr(e, _const(vi, 2 * k)),
-                                                                         _const(vi, 0x03030303)), _const(vi, 4)))
+                        for k, codes in enumerate(_q6_codes(builder, f, b, h, half, jj, vi)):
                             run = isa.dot(builder, None, codes, load_at(builder, f.x4.data, tb, 64, 32 * h + 4 * half + jj + 8 * k))
                             term = builder.mul(scs[8 * h + 2 * k + half], run)
                             j = 4 * half + jj

@@ -204,25 +204,16 @@ def _check(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
                          f"got {a.dtype} {a.shape}{'' if a.flags.c_contiguous else ' (not contiguous)'}")
 
 
-def quantize_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A chunk's activations x: f32[n_tok, n_cols] as q8 blocks (xq, xd, xsum), in this
-    thread's scratch (valid until the next call), for QuantMatrix.matmul_batch(acts=...)."""
-    n_tok, nb_ = x.shape[0], x.shape[1] // 32
-    xq = thread_scratch("xq", n_tok * nb_ * 32, np.int8).reshape(n_tok, nb_, 32)
-    xd = thread_scratch("xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
-    xsum = thread_scratch("xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
-    quantize_acts(x, xq, xd, xsum)
-    return xq, xd, xsum
-
-
-def quantize_chunk_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A chunk's activations x: f32[n_tok, n_cols] as q8_K blocks (xq, xd, xsum) in this
-    thread's scratch (valid until the next call), for the K-quant GEMM."""
-    n_tok, nb_ = x.shape[0], x.shape[1] // 256
-    xq = thread_scratch("kxq", n_tok * nb_ * 256, np.int8).reshape(n_tok, nb_, 256)
-    xd = thread_scratch("kxd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
-    xsum = thread_scratch("kxsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
-    quantize_acts_k(x, xq, xd, xsum)
+def quantize_chunk(x: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk's activations x: f32[n_tok, n_cols] as q8 blocks (block 32, for
+    QuantMatrix.matmul_batch(acts=...)) or q8_K blocks (block 256, the K-quant GEMM):
+    (xq, xd, xsum) in this thread's scratch, valid until the next call of the same block."""
+    n_tok, nb_ = x.shape[0], x.shape[1] // block
+    name = "q8" if block == 32 else "q8_k"
+    xq = thread_scratch(f"{name}_xq", n_tok * nb_ * block, np.int8).reshape(n_tok, nb_, block)
+    xd = thread_scratch(f"{name}_xd", n_tok * nb_ * 2).reshape(n_tok, nb_, 2)
+    xsum = thread_scratch(f"{name}_xsum", n_tok * nb_ * 16, np.int32).reshape(n_tok, nb_, 16)
+    (quantize_acts if block == 32 else quantize_acts_k)(x, xq, xd, xsum)
     return xq, xd, xsum
 
 
@@ -382,7 +373,7 @@ class QuantMatrix:
         # bit as per-token matvecs in llama.cpp's orders for one chunk (batch) or for
         # separate decode steps (not batch)
         p = self._p
-        xq, xd, xsum = quantize_chunk_k(x)
+        xq, xd, xsum = quantize_chunk(x, 256)
         if self.n_rows == p.n_groups * self.lanes:
             k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd, batch, out)
             return
