@@ -229,9 +229,10 @@ class QuantMatrix:
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int | None = None,
                  use_int8dot: bool = True, release=None):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
-        int8dot = HAS_INT8DOT and use_int8dot and q.ggml_type in INT8DOT_TYPES
+        on_int8dot = HAS_INT8DOT and use_int8dot
+        int8dot = on_int8dot and q.ggml_type in INT8DOT_TYPES
         if lanes is None:  # the int8 dot kernels (K-quants' too) read CHUNK-row groups: each one contiguous stream
-            lanes = CHUNK if HAS_INT8DOT and use_int8dot and q.ggml_type in INT8DOT_TYPES + K_TYPES else LANES
+            lanes = CHUNK if on_int8dot and q.ggml_type in INT8DOT_TYPES + K_TYPES else LANES
         expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
         raw = np.asarray(raw)
         if raw.dtype != np.uint8 or raw.size != expected:
@@ -258,7 +259,7 @@ class QuantMatrix:
         # than 64-row groups read in strided 32-byte pieces) on the whole-tile IR kernels
         # (gemm_k_ir.py); explicit orders on dot_k.py with the integer sums on them
         # (dot_k_ir.py): the INT8DOT flag
-        k_int8dot = HAS_INT8DOT and use_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
+        k_int8dot = on_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
         self._k_flags = INT8DOT if k_int8dot else 0
         padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
@@ -348,12 +349,7 @@ class QuantMatrix:
             return
         if self._int8dot:  # integer GEMM on q8 activations (dot_ir.py)
             xq, xd, xsum = acts if acts is not None else quantize_chunk(x)
-            if self.n_rows == p.n_groups * R:  # no padded rows: straight into out
-                gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, out)
-                return
-            pad = thread_scratch("gemm", n_tok * p.n_groups * R).reshape(n_tok, p.n_groups * R)
-            gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, pad)
-            out[:] = pad[:, :self.n_rows]
+            self._into(out, lambda dst: gemm_chunks(self.ggml_type, p.qs, p.qh, p.d, xq.view(np.int32), xsum, xd, dst))
             return
         per_tile = self._tile_cols // R
         tile = thread_scratch("tile", self.n_cols * self._tile_cols).reshape(self.n_cols, self._tile_cols)
@@ -374,11 +370,18 @@ class QuantMatrix:
         # separate decode steps (not batch)
         p = self._p
         xq, xd, xsum = quantize_chunk(x, 256)
-        if self.n_rows == p.n_groups * self.lanes:
-            k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd, batch, out)
+        self._into(out, lambda dst: k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd,
+                                                  batch, dst))
+
+    def _into(self, out: np.ndarray, run) -> None:
+        # run(dst) writes the [n_tok, G * R] products of a GEMM kernel: straight into out,
+        # or, when the last row group has padding rows, into a scratch then out
+        padded = self._p.n_groups * self.lanes
+        if self.n_rows == padded:
+            run(out)
             return
-        pad = thread_scratch("gemm", x.shape[0] * p.n_groups * self.lanes).reshape(x.shape[0], -1)
-        k_gemm_chunks(self.ggml_type, p.qs, p.qh, p.sc, p.d, xq.view(np.int32), xsum, xd, batch, pad)
+        pad = thread_scratch("gemm", out.shape[0] * padded).reshape(out.shape[0], padded)
+        run(pad)
         out[:] = pad[:, :self.n_rows]
 
     def rows(self, ids: np.ndarray, out: np.ndarray) -> None:
