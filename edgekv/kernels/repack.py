@@ -85,10 +85,11 @@ def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) ->
     fields = {}
     for name, (start, length) in _FIELDS[ggml_type].items():
         part = blocks[:, :, start:start + length]
+        # views, no copies: the last axis is contiguous, so the bytes reinterpret in place
         if name == "d":
-            part = np.ascontiguousarray(part).view(np.uint16)
+            part = part.view("<u2")
         elif name in ("qs", "qh"):  # bytes 4i..4i+3 -> word i, little-endian as in the file
-            part = np.ascontiguousarray(part).view("<u4").astype(np.uint32, copy=False)
+            part = part.view("<u4")
         elif name == "sc" and ggml_type != int(T.Q6_K):
             part = unpack_k4_scales(part)
         fields[name] = part
@@ -109,16 +110,16 @@ def repack(raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, type_size:
     out: dict[str, np.ndarray] = {}
     for g0 in range(0, n_groups, per_step):
         g1 = min(n_groups, g0 + per_step)
-        rows = np.zeros(((g1 - g0) * lanes, raw.shape[1]), np.uint8)  # zero rows pad the last group
-        part = raw[g0 * lanes:g1 * lanes]
-        rows[:part.shape[0]] = part
-        if release is not None:
-            release(part)
+        rows = raw[g0 * lanes:g1 * lanes]
+        if rows.shape[0] < (g1 - g0) * lanes:  # zero rows pad the last group
+            rows = np.concatenate([rows, np.zeros(((g1 - g0) * lanes - rows.shape[0], raw.shape[1]), np.uint8)])
         for name, field in row_fields(rows, ggml_type, n_cols, type_size).items():
             _, nb, x = field.shape
             if name not in out:
-                out[name] = np.empty((n_groups, nb, x, lanes), field.dtype)
+                out[name] = np.empty((n_groups, nb, x, lanes), field.dtype.newbyteorder("="))
             out[name][g0:g1] = field.reshape(g1 - g0, lanes, nb, x).transpose(0, 2, 3, 1)
+        if release is not None:
+            release(raw[g0 * lanes:g1 * lanes])
     n_blocks = out["qs"].shape[1] if "qs" in out else 1
     none = np.zeros((n_groups, n_blocks, 0, lanes), np.uint32)
     return Packed(lanes, n_groups, out.get("qs", none), out.get("qh", none),
