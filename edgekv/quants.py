@@ -140,8 +140,11 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
     if raw.size != n_rows * nbytes:
         raise UnsupportedModelError(
             f"{T(int(ggml_type)).name} tensor of shape {shape} needs {n_rows * nbytes} bytes, got {raw.size}")
-    out = np.empty((n_rows, n), np.float32)
-    dequant.dequantize_rows(raw.reshape(n_rows, nbytes), int(ggml_type), out)
+    if int(ggml_type) in (int(T.F32), int(T.F16)):  # NumPy converts these exactly, with no compiled kernel to load
+        out = raw.view(np.float32 if int(ggml_type) == int(T.F32) else np.float16).astype(np.float32)
+    else:
+        out = np.empty((n_rows, n), np.float32)
+        dequant.dequantize_rows(raw.reshape(n_rows, nbytes), int(ggml_type), out)
     return out.reshape(tuple(reversed(shape)) if shape else ())
 
 

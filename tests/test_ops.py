@@ -7,7 +7,7 @@ import pytest
 
 from edgekv.kernels import ops
 from edgekv.kernels.config import max_threads
-from edgekv.kernels.ggml_math import GELU_F16_TABLE
+from edgekv.kernels.ggml_math import gelu_f16_table
 from edgekv.kernels.attention import attention_chunk_blas, attention_f16
 
 RTOL = 2e-5  # float32 kernels vs float64 NumPy
@@ -57,7 +57,7 @@ def test_activations():
     u = rng.normal(size=(4, 32)).astype(np.float32)
     s, e = g.copy(), g.copy()
     ops.silu_mul(s, u)
-    ops.gelu_mul(e, u, GELU_F16_TABLE)
+    ops.gelu_mul(e, u, gelu_f16_table())
     g64 = g.astype(np.float64)
     np.testing.assert_allclose(s, g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
     # ggml's GELU reads a table at the f16 value of x and stores the result in f16

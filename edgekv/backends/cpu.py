@@ -20,7 +20,7 @@ from ..kernels import attention_decode
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
-from ..kernels.ggml_math import GELU_F16_TABLE
+from ..kernels.ggml_math import gelu_f16_table
 from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
 from ..kernels.ops import (add_bias, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
                            softcap_inplace)
@@ -106,7 +106,7 @@ class CPUBackend(Backend):
         silu_mul(gate, up)
 
     def gelu_mul(self, gate, up) -> None:
-        gelu_mul(gate, up, GELU_F16_TABLE)
+        gelu_mul(gate, up, gelu_f16_table())
 
     def add(self, x, y) -> None:
         add_inplace(x, y)

@@ -10,6 +10,7 @@ CPU's (intrinsics.fma). What does not live here: loops over tensors (ops.py, att
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba as nb
@@ -96,13 +97,14 @@ def _gelu_f32(x16, out):
         out[i] = _f32(0.5) * x * (_f32(1.0) + math.tanh(inner))
 
 
-def _gelu_table() -> np.ndarray:
-    """f16 GELU(x) for every f16 x, as float32 (ggml_table_gelu_f16)."""
+@functools.cache
+def gelu_f16_table() -> np.ndarray:
+    """f16 GELU(x) for every f16 x, as float32 (ggml_table_gelu_f16).
+
+    Built on first use, not at import: only GELU models need it, and building it loads a
+    compiled function (Numba's first load costs ~0.2 s of start-up)."""
     x = all_halves()
     gelu = np.empty_like(x)
     with np.errstate(all="ignore"):
         _gelu_f32(x, gelu)
-        return gelu.astype(np.float16).astype(np.float32)
-
-
-GELU_F16_TABLE = _gelu_table()
+    return gelu.astype(np.float16).astype(np.float32)

@@ -121,7 +121,7 @@ def silu_mul(gate, up):
 @nb.njit(**JIT_FLAGS)
 def gelu_mul(gate, up, table):
     # gate, up: f32[n, ff]; gate <- gelu(gate) * up via ggml's f16 GELU table
-    # (ggml_vec_geglu_f32 with GGML_GELU_FP16); table: f32[65536] = GELU_F16_TABLE
+    # (ggml_vec_geglu_f32 with GGML_GELU_FP16); table: f32[65536] = gelu_f16_table()
     n, ff = gate.shape
     for t in range(n):
         for i in range(ff):
