@@ -6,7 +6,7 @@ sessions: `edgekv.load("smollm2-135m-instruct").session(n_ctx=1024)`, see the RE
 exceptions, all under `EdgeKVError`. Everything else is importable from
 its module but not promised to stay put.
 
-`Llama`, `LlamaState`, `Model` and `load` are imported on first use (PEP 562), so that
+`Llama`, `LlamaState`, `Model`, `load` and `__version__` are made on first use (PEP 562), so that
 `import edgekv.text.tokenizer` or `edgekv list` does not pay for Numba and the kernels.
 """
 
@@ -25,7 +25,6 @@ if "numpy" not in _sys.modules:
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from importlib import import_module
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from .errors import (ChatTemplateError, ContextFullError, EdgeKVError, GGUFError, ModelNotFoundError, NumericalError,
@@ -37,10 +36,6 @@ if TYPE_CHECKING:
     from .generate import GenerationStep, stream_generate
     from .loader import Model, load
 
-try:
-    __version__ = _metadata.version("edgekv")
-except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _LAZY = {"Llama": "api.facade", "LlamaState": "api.llama_state", "Model": "loader", "load": "loader",
          "stream_generate": "generate", "GenerationStep": "generate"}
@@ -52,7 +47,19 @@ __all__ = [
 ]
 
 
+def _version() -> str:
+    from importlib import metadata  # ~25 ms of imports: only when asked
+
+    try:
+        return metadata.version("edgekv")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     if name in _LAZY:
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value

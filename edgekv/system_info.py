@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import platform
 from collections import Counter
-from importlib.metadata import PackageNotFoundError, version
 
 from .backends import Backend, available_backends, kernel_map
 from .kernels.config import get_num_threads
@@ -22,10 +21,9 @@ ARM_FEATURES = ("dotprod",)  # LLVM's names of the optional AArch64 features the
 
 
 def edgekv_version() -> str:
-    try:
-        return version("edgekv")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    from . import __version__
+
+    return "unknown (not installed)" if __version__ == "0+unknown" else __version__
 
 
 # Arm's part numbers (/proc/cpuinfo "CPU part" where "CPU implementer" is 0x41) of the

@@ -45,6 +45,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 def read_grammar(args: argparse.Namespace):
     """The --grammar / --grammar-file / --json-schema / --json option as a Grammar (None: none)."""
+    if args.grammar is None and args.grammar_file is None and args.json_schema is None and not args.json:
+        return None
     from ..grammar import Grammar
 
     def text_of(path: str, what: str) -> str:
@@ -61,7 +63,7 @@ def read_grammar(args: argparse.Namespace):
     if args.json_schema is not None:
         schema = args.json_schema
         return Grammar.from_json_schema(text_of(schema[1:], "schema") if schema.startswith("@") else schema)
-    return Grammar.json_object() if args.json else None
+    return Grammar.json_object()
 
 
 def process_escapes(text: str) -> str:

@@ -117,12 +117,13 @@ def byte_decode(text: str) -> bytes:
 
 def parse_merges(merges: list[str]) -> dict[tuple[str, str], int]:
     """`tokenizer.ggml.merges` -> {(left, right): rank}; the first of duplicate pairs wins."""
-    ranks: dict[tuple[str, str], int] = {}
-    for rank, merge in enumerate(merges):
+    def pair(merge: str) -> tuple[str, str]:
         pos = merge.find(" ", 1)
-        pair = (merge[:pos], merge[pos + 1 :]) if pos >= 0 else ("", "")
-        ranks.setdefault(pair, rank)
-    return ranks
+        return (merge[:pos], merge[pos + 1 :]) if pos >= 0 else ("", "")
+
+    pairs = list(map(pair, merges))
+    # built from the last merge to the first, so the first of duplicate pairs is what stays
+    return dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
 
 
 class BPEModel:

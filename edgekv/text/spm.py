@@ -23,7 +23,7 @@ class SPMModel:
     """Score-ordered bigram merges over a vocab keyed by UTF-8 bytes."""
 
     def __init__(self, tokens: list[str], scores: list[float]):
-        self.bytes_to_id: dict[bytes, int] = {t.encode("utf-8", "surrogatepass"): i for i, t in enumerate(tokens)}
+        self.bytes_to_id: dict[bytes, int] = dict(zip([t.encode("utf-8", "surrogatepass") for t in tokens], range(len(tokens))))
         self.scores = scores
         self._byte_tokens: list[int | None] = [self._find_byte_token(b) for b in range(256)]
 
