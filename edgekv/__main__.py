@@ -1,6 +1,6 @@
 """`python -m edgekv ...`: the same command line as the `edgekv` console script."""
 
-from .cli import main
+from .cli import console_main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console_main())

@@ -7,9 +7,14 @@ one `Model` (weights, read-only, shared) and any number of `Session`s from
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
+import threading
 import time
+
+import numpy as np
 
 from .backends import Backend, get_backend
 from .catalog import resolve_model
@@ -37,13 +42,16 @@ class Model:
             log.warning("compiling kernels for this CPU on first use (up to a minute); "
                         "`edgekv warmup` does it ahead, once per install")
         self.path = str(path)
-        self.gguf = GGUFFile(self.path)
-        self.network = build_model(self.gguf, self.backend)
-        self.hp = self.network.hp
-        self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
-        self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
+        numba_start = _start_numba_in_background()
+        with _gc_paused():
+            self.gguf = GGUFFile(self.path)
+            self.network = build_model(self.gguf, self.backend)
+            self.hp = self.network.hp
+            self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
+            self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
         self.name = str(self.gguf.get("general.name", os.path.basename(self.path)))
         self.gguf.release_pages()  # the weights were copied into the kernels' layout
+        numba_start.join()
         log.info("loaded %s (%s, %d layers) on backend %s in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
                  self.backend.name, time.perf_counter() - t0)
 
@@ -59,6 +67,40 @@ class Model:
         n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
         return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v, context_shift, n_keep, n_discard,
                        layer_windows, key_map_for(self, cache_type_k, n_ctx))
+
+
+def _start_numba_in_background() -> threading.Thread:
+    """Numba's first compiled call in a process costs ~0.2 s (it builds its typing and
+    lowering registries, mostly imports); make it in a thread, on one small kernel the
+    forward pass uses anyway, while this thread reads the file and repacks the weights
+    (NumPy's copies release the GIL): ~40 ms off a one-shot `edgekv run`. Numba's compiler
+    lock makes a kernel call in this thread wait for it, so nothing runs half-initialised."""
+    from .kernels.ops import add_inplace
+
+    def touch() -> None:
+        x = np.zeros((1, 1), np.float32)
+        try:
+            add_inplace(x, x.copy())
+        except Exception:  # noqa: BLE001 - the same call in the forward pass reports it
+            pass
+
+    thread = threading.Thread(target=touch, name="edgekv-numba-start", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """No cyclic garbage collection while a model loads: the vocabulary and merges are
+    ~10^5 new objects each, which set off full collections that walk Numba's whole heap
+    (~80 ms of a 1 s start-up); loading makes no cycles worth collecting."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:
