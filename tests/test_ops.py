@@ -69,6 +69,22 @@ def test_activations():
     np.testing.assert_allclose(e, exact * u, rtol=0, atol=0.01 * np.abs(u).max() * np.abs(g).max())
 
 
+def test_vector_silu_has_the_scalar_silus_bits():
+    # silu_mul takes whole groups of 16 through the 16-lane kernel (ggml_math.v_silu_mul_rows);
+    # every value must come out as the scalar v_silu (llama.cpp's per-lane steps) makes it,
+    # across exp's whole range, its overflow and underflow edges and the special values
+    from edgekv.kernels.ggml_math import v_silu
+
+    g = np.concatenate([rng.normal(size=4000) * s for s in (0.01, 1, 5, 30, 120)])
+    g = np.concatenate([g, [0.0, -0.0, 88.7, -88.7, 89, -89, 104, -104, 200, -200, np.inf, -np.inf, np.nan, 1e-40]])
+    g = np.resize(g, (g.size // 96 + 1) * 96).astype(np.float32).reshape(-1, 96)
+    u = rng.normal(size=g.shape).astype(np.float32)
+    got = g.copy()
+    ops.silu_mul(got, u)
+    want = np.array([[np.float32(v_silu(a)) * b for a, b in zip(gr, ur)] for gr, ur in zip(g, u)], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_v_expf_is_within_its_documented_error():
     from edgekv.kernels.ggml_math import v_expf
 

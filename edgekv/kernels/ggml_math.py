@@ -17,12 +17,13 @@ import numba as nb
 import numpy as np
 
 from llvmlite import ir
-from numba.core import cgutils
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .config import EXACT_FLAGS
 from .fp16 import all_halves
 from .intrinsics import fma
-from .irvec import FLOAT, fma16, splat, vec
+from .irvec import FLOAT, V16F, arrays, fma16, i64_args, splat, vec
 
 _f32 = np.float32
 _SHIFT = _f32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer
@@ -84,6 +85,31 @@ def v_expf_ir(builder, x):
 def v_silu(x):
     # ggml_v_silu: x / (1 + v_expf(-x)), every step rounded to float32
     return _f32(x / _f32(_f32(1.0) + v_expf(-x)))
+
+
+@intrinsic
+def _silu_mul16(typingctx, gate, up, i0):
+    # gate[i0:i0 + 16] <- v_silu(gate) * up on 16 lanes at once: v_silu's steps per lane
+    def codegen(context, builder, sig, args):
+        ga, ua = arrays(context, builder, sig, args, 0, 1)
+        (first,) = i64_args(builder, [args[2]])
+        g_ptr = builder.bitcast(builder.gep(ga.data, [first]), V16F.as_pointer())
+        u_ptr = builder.bitcast(builder.gep(ua.data, [first]), V16F.as_pointer())
+        x = builder.load(g_ptr, align=4)
+        e = v_expf_ir(builder, builder.fneg(x))
+        silu = builder.fdiv(x, builder.fadd(splat(builder, ir.Constant(FLOAT, 1.0)), e))
+        builder.store(builder.fmul(silu, builder.load(u_ptr, align=4)), g_ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.none(gate, up, i0), codegen
+
+
+@nb.njit(**EXACT_FLAGS)  # exact: an intrinsic's IR takes its caller's fast-math flags
+def v_silu_mul_rows(gate, up, end):
+    # gate[:end] <- v_silu(gate) * up, 16 values at a time (end a multiple of 16): the
+    # same bits as v_silu value by value where the CPU has FMA (v_expf_ir), ~10x faster
+    for i in range(0, end, 16):
+        _silu_mul16(gate, up, i)
 
 
 @nb.njit(**EXACT_FLAGS)

@@ -17,8 +17,8 @@ import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS
 from .fp16 import f32_to_f16
-from .intrinsics import fma
-from .ggml_math import v_silu
+from .intrinsics import HAS_FMA, fma
+from .ggml_math import v_silu, v_silu_mul_rows
 
 ROPE_NORM = 0  # rotate adjacent pairs (x[2i], x[2i+1]): llama GGUFs (Q/K permuted at conversion)
 ROPE_NEOX = 2  # rotate halves (x[i], x[i + n_rot/2]): gemma, qwen2, ...
@@ -111,8 +111,11 @@ def silu_mul(gate, up):
     n, ff = gate.shape
     tail = ff - ff % 16
     for t in range(n):
-        for i in range(tail):
-            gate[t, i] = v_silu(gate[t, i]) * up[t, i]
+        if HAS_FMA:  # 16 lanes at a time, the same bits (ggml_math.v_silu_mul_rows)
+            v_silu_mul_rows(gate[t], up[t], tail)
+        else:
+            for i in range(tail):
+                gate[t, i] = v_silu(gate[t, i]) * up[t, i]
         for i in range(tail, ff):
             g = gate[t, i]
             gate[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, i]
