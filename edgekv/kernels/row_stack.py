@@ -48,12 +48,15 @@ class RowStack:
             w._p = dataclasses.replace(w._p, qs=self.qs[g0:g1], qh=self.qh[g0:g1], d=self.d[g0:g1])
             g0 = g1
         self._xq, self._xd, self._xsum = first._xq, first._xd, first._xsum
+        bounds = np.cumsum([0] + [w.n_rows for w in ws]).tolist()
+        self._cols = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]  # each member's part of a product
         self._out = np.zeros(self.n_rows, np.float32)
         self._no_pad = np.zeros(0, np.float32)
 
     def is_of(self, ws) -> bool:
-        """Whether ws are exactly this stack's weights, in order."""
-        return len(ws) == len(self.members) and all(a is b for a, b in zip(ws, self.members))
+        """Whether ws are exactly this stack's weights, in order (QuantMatrix has no __eq__:
+        list equality is identity, compared in C)."""
+        return list(ws) == self.members
 
     def matvec(self, x: np.ndarray, outs) -> None:
         """outs[i] = members[i] @ x (one token), each as members[i].matvec computes it."""
@@ -72,7 +75,5 @@ class RowStack:
         self._split(out, outs)
 
     def _split(self, out: np.ndarray, outs) -> None:
-        r0 = 0
-        for w, part in zip(self.members, outs):
-            part[...] = out[..., r0 : r0 + w.n_rows]
-            r0 += w.n_rows
+        for cols, part in zip(self._cols, outs):
+            part[...] = out[..., cols]
