@@ -20,16 +20,26 @@ _UTF8_LEN = [1] * 12 + [2, 2, 3, 4]
 
 
 class SPMModel:
-    """Score-ordered bigram merges over a vocab keyed by UTF-8 bytes."""
+    """Score-ordered bigram merges over a vocab, looked up by UTF-8 bytes."""
 
-    def __init__(self, tokens: list[str], scores: list[float]):
-        self.bytes_to_id: dict[bytes, int] = dict(zip([t.encode("utf-8", "surrogatepass") for t in tokens], range(len(tokens))))
+    def __init__(self, token_to_id: dict[str, int], scores: list[float]):
+        # The vocabulary's own str -> id map serves the byte pieces: a token's UTF-8 bytes
+        # (surrogatepass) decode back to exactly that token, and bytes that do not decode
+        # are no token's. A bytes-keyed copy cost 28 MiB for gemma3's 262k tokens.
+        self.token_to_id = token_to_id
         self.scores = scores
         self._byte_tokens: list[int | None] = [self._find_byte_token(b) for b in range(256)]
 
+    def token_of(self, piece: bytes) -> int | None:
+        """The id of the token whose UTF-8 bytes are `piece`, None if there is none."""
+        try:
+            return self.token_to_id.get(piece.decode("utf-8", "surrogatepass"))
+        except UnicodeDecodeError:
+            return None
+
     def _find_byte_token(self, b: int) -> int | None:
-        token = self.bytes_to_id.get(b"<0x%02X>" % b)
-        return token if token is not None else self.bytes_to_id.get(bytes([b]))
+        token = self.token_to_id.get("<0x%02X>" % b)
+        return token if token is not None else self.token_of(bytes([b]))
 
     def byte_token(self, b: int) -> int:
         token = self._byte_tokens[b]
@@ -52,7 +62,7 @@ class SPMModel:
         prv = list(range(-1, n - 1))
         heap: list[tuple[float, int, int, int]] = []
         rev_merge: dict[bytes, tuple[int, int]] = {}
-        lookup, scores = self.bytes_to_id.get, self.scores
+        lookup, scores = self.token_of, self.scores
 
         def try_add_bigram(left: int, right: int) -> None:
             if left < 0 or right < 0:
@@ -88,7 +98,7 @@ class SPMModel:
     def _resegment(self, text: bytes, starts: list[int], sizes: list[int], i: int,
                    rev_merge: dict[bytes, tuple[int, int]], output: list[int]) -> None:
         piece = text[starts[i] : starts[i] + sizes[i]]
-        token = self.bytes_to_id.get(piece)
+        token = self.token_of(piece)
         if token is not None:
             output.append(token)
             return

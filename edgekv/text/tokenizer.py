@@ -35,12 +35,12 @@ class Tokenizer:
     def __init__(self, vocab: Vocab, merges: list[str] | None = None):
         self.vocab = vocab
         if vocab.is_spm:
-            self._spm = SPMModel(vocab.tokens, vocab.scores)
+            self._spm = SPMModel(vocab.token_to_id, vocab.scores)
             self._bpe = None
         else:
             if merges is None:
                 raise TokenizerError("tokenizer metadata key 'tokenizer.ggml.merges' is missing from the GGUF")
-            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+            if not isinstance(merges, list) or not set(map(type, merges)) <= {str}:
                 raise TokenizerError("tokenizer.ggml.merges must be an array of strings")
             self._spm = None
             self._bpe = BPEModel(vocab.token_to_id, merges, vocab.pre)
