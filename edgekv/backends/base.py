@@ -142,6 +142,17 @@ class Backend(ABC):
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         """x += y, f32[n, dim]."""
 
+    def add_rms_norm(self, x: np.ndarray, y: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """x += y, then out = rms_norm(x) (a residual add and the next norm: one step
+        where the backend fuses them, as decode pays per step)."""
+        self.add(x, y)
+        self.rms_norm(x, weight, eps, out)
+
+    def rope_qk(self, q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int) -> None:
+        """rope() on a chunk's queries and keys (one step where the backend fuses them)."""
+        self.rope(q, cos, sin, mode)
+        self.rope(k, cos, sin, mode)
+
     @abstractmethod
     def add_bias(self, x: np.ndarray, b: np.ndarray) -> None:
         """x[t] += b for every row t: x f32[n, d], b f32[d] (a projection's bias)."""

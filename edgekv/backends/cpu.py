@@ -22,9 +22,9 @@ from ..kernels.attention_q import attention_rows, dequant_rows
 from ..kernels.config import max_threads
 from ..kernels.ggml_math import gelu_f16_table
 from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
-from ..kernels.ops import (add_bias, add_inplace, gelu_mul, rms_norm, rms_norm_heads, rope_apply, rope_tables, silu_mul,
-                           softcap_inplace)
-from ..kernels.quantize import store_rows
+from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, rms_norm, rms_norm_heads, rope_apply,
+                           rope_apply_qk, rope_tables, silu_mul, softcap_inplace)
+from ..kernels.quantize import store_rows, store_rows_kv
 from ..kernels.row_stack import RowStack
 from . import kernel_map
 from .base import Backend, LayerView
@@ -111,6 +111,12 @@ class CPUBackend(Backend):
     def add(self, x, y) -> None:
         add_inplace(x, y)
 
+    def add_rms_norm(self, x, y, weight, eps, out) -> None:
+        add_rms_norm(x, y, weight, np.float32(eps), out)
+
+    def rope_qk(self, q, k, cos, sin, mode) -> None:
+        rope_apply_qk(q, k, cos, sin, mode)
+
     def add_bias(self, x, b) -> None:
         add_bias(x, b)
 
@@ -143,8 +149,8 @@ class CPUBackend(Backend):
         rotate(q, layer.rot_k)  # quantized caches store rotated K and V (cache.py)
         rotate(k, layer.rot_k)
         rotate(v, layer.rot_v)
-        self.store_kv(layer.k, layer.type_k, slots, k, layer.limit_k)
-        self.store_kv(layer.v, layer.type_v, slots, v, layer.limit_v)
+        store_rows_kv(k, v, layer.type_k, layer.type_v, slots, layer.k, layer.v, np.float32(layer.limit_k),
+                      np.float32(layer.limit_v), thread_scratch("kv_row", max(k.shape[2], v.shape[2])))
         sinks = _NO_SINKS if layer.sink_k is None else layer.sink_k
         if layer.sink_k is not None:
             keep_sinks(layer.sink_k, positions, k)

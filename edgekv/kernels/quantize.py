@@ -253,3 +253,10 @@ def store_rows(src, ggml_type, slots, dst, limit, scratch):
             for i in range(hd):
                 scratch[i] = min(max(x[i], -limit), limit)
             quantize_row(scratch, ggml_type, dst[h, slots[t]])
+
+
+@nb.njit(**EXACT_FLAGS)
+def store_rows_kv(k, v, type_k, type_v, slots, k_dst, v_dst, limit_k, limit_v, scratch):
+    # store_rows for a chunk's K rows and its V rows, in one call (scratch: f32[>= both head sizes])
+    store_rows(k, type_k, slots, k_dst, limit_k, scratch[: k.shape[2]])
+    store_rows(v, type_v, slots, v_dst, limit_v, scratch[: v.shape[2]])

@@ -62,24 +62,25 @@ class Gemma3Model(Decoder):
         be.scale(x, hp.embed_scale)
         rope = {"global": self.fill_rope(s, "global", res.positions, hp.rope_theta, cache.capacity),
                 "local": self.fill_rope(s, "local", res.positions, hp.rope_theta_local, cache.capacity)}
+        be.rms_norm(x, self.layers[0].attn_norm, hp.norm_eps, h)
         for il, L in enumerate(self.layers):
             cos, sin = rope["local" if hp.local_layers[il] else "global"]
-            be.rms_norm(x, L.attn_norm, hp.norm_eps, h)
             be.project_many([L.wq, L.wk, L.wv], h, [q, k, v])
             q3, k3 = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
             be.rms_norm_heads(q3, L.extra["attn_q_norm"], hp.norm_eps)
             be.rms_norm_heads(k3, L.extra["attn_k_norm"], hp.norm_eps)
-            be.rope(q3, cos, sin, hp.rope_mode)
-            be.rope(k3, cos, sin, hp.rope_mode)
+            be.rope_qk(q3, k3, cos, sin, hp.rope_mode)
             be.scale(q, hp.attn_scale)  # before attention, as llama.cpp does (it rounds Q to f16)
             self.attend(cache, s, il, res, q, k, v, att, 1.0)
             be.project(L.wo, att, o)
             be.rms_norm(o, L.extra["post_attention_norm"], hp.norm_eps, o)
-            be.add(x, o)
-            be.rms_norm(x, L.ffn_norm, hp.norm_eps, h)
+            be.add_rms_norm(x, o, L.ffn_norm, hp.norm_eps, h)
             be.project_many([L.w_gate, L.w_up], h, [gate, up])
             be.gelu_mul(gate, up)
             be.project(L.w_down, gate, o)
             be.rms_norm(o, L.extra["post_ffw_norm"], hp.norm_eps, o)
-            be.add(x, o)
+            if il + 1 < len(self.layers):  # the residual, and the next layer's input norm
+                be.add_rms_norm(x, o, self.layers[il + 1].attn_norm, hp.norm_eps, h)
+            else:
+                be.add(x, o)
         self.output_logits(x, self.output_norm, self.output, rows, logits)

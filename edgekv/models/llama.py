@@ -76,15 +76,17 @@ class LlamaModel(Decoder):
         x, h, o, gate, up = s.x[:n], s.h[:n], s.o[:n], s.gate[:n], s.up[:n]
         be.embed(self.tok_embd, tokens, x)
         rope = self.fill_rope(s, "global", res.positions, hp.rope_theta, cache.capacity)
+        be.rms_norm(x, self.layers[0].attn_norm, hp.norm_eps, h)
         for il, L in enumerate(self.layers):
-            be.rms_norm(x, L.attn_norm, hp.norm_eps, h)
             self.attention(il, L, h, rope, cache, res, s, o)
-            be.add(x, o)
-            be.rms_norm(x, L.ffn_norm, hp.norm_eps, h)
+            be.add_rms_norm(x, o, L.ffn_norm, hp.norm_eps, h)
             be.project_many([L.w_gate, L.w_up], h, [gate, up])
             be.silu_mul(gate, up)
             be.project(L.w_down, gate, o)
-            be.add(x, o)
+            if il + 1 < len(self.layers):  # the residual, and the next layer's input norm
+                be.add_rms_norm(x, o, self.layers[il + 1].attn_norm, hp.norm_eps, h)
+            else:
+                be.add(x, o)
         self.output_logits(x, self.output_norm, self.output, rows, logits)
         if self.output_bias is not None:
             be.add_bias(logits, self.output_bias)
@@ -95,16 +97,16 @@ class LlamaModel(Decoder):
         hp, be, n = self.hp, self.backend, h.shape[0]
         q, k, v, att = s.q[:n], s.k[:n], s.v[:n], s.att[:n]
         be.project_many([L.wq, L.wk, L.wv], h, [q, k, v])
-        for name, out in zip(BIASES, (q, k, v)):
-            if name in L.extra:
-                be.add_bias(out, L.extra[name])
+        if L.extra:
+            for name, out in zip(BIASES, (q, k, v)):
+                if name in L.extra:
+                    be.add_bias(out, L.extra[name])
         q3, k3 = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
         if "attn_q_norm" in L.extra:  # per-head RMS norms before RoPE (qwen3)
             be.rms_norm_heads(q3, L.extra["attn_q_norm"], hp.norm_eps)
             be.rms_norm_heads(k3, L.extra["attn_k_norm"], hp.norm_eps)
         cos, sin = rope
-        be.rope(q3, cos, sin, hp.rope_mode)
-        be.rope(k3, cos, sin, hp.rope_mode)
+        be.rope_qk(q3, k3, cos, sin, hp.rope_mode)
         scale = hp.attn_scale
         if self.scale_q_first:
             be.scale(q, scale)
