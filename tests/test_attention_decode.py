@@ -94,16 +94,19 @@ def test_deep_kernel_skips_underflowed_slots_as_attention_f16_does():
 
 
 def test_fits_only_deep_single_queries_in_whole_chunks():
-    assert fits(1, DEPTH_MIN_SLOTS, 64, 64) and fits(1, 16384, 256, 256)
-    assert not fits(2, 4096, 64, 64)  # a chunk of queries sums in one register (tinyBLAS)
-    assert not fits(1, DEPTH_MIN_SLOTS - 1, 64, 64)
-    assert not fits(1, 4096, 80, 80) and not fits(1, 4096, 64, 48)
+    assert fits(1, DEPTH_MIN_SLOTS, 0, 64, 64) and fits(1, 16384, 0, 256, 256)
+    assert not fits(2, 4096, 0, 64, 64)  # a chunk of queries sums in one register (tinyBLAS)
+    assert not fits(1, DEPTH_MIN_SLOTS - 1, 0, 64, 64)
+    assert not fits(1, 4096, 0, 80, 80) and not fits(1, 4096, 0, 64, 48)
+    # a sliding window that sees only part of its ring: attention_f16 skips what it cannot see
+    assert not fits(1, 1088, 512, 256, 256) and fits(1, 1024, 4096, 64, 64)
 
 
 @pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
 def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch, fixture):
     # the model's own decode at depth ~600 (past DEPTH_MIN_SLOTS, in every layer of
-    # SmolLM2 and gemma3's global ones) with the deep kernel and with attention_f16 only:
+    # SmolLM2 and gemma3's global ones; its local layers see 512 slots and stay plain)
+    # with the deep kernel and with attention_f16 only:
     # bit-identical logits, step after step
     import edgekv.kernels.attention_decode as attention_decode
     from edgekv.loader import load
@@ -126,7 +129,7 @@ def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch
     deep = run()
     assert len(calls) >= 3 and min(calls) >= attention_decode.DEPTH_MIN_SLOTS  # it did run, at depth
     monkeypatch.setattr(attention_decode, "DEPTH_MIN_SLOTS", 1 << 30)
-    assert not attention_decode.fits(1, 1024, 64, 64)
+    assert not attention_decode.fits(1, 1024, 0, 64, 64)
     calls.clear()
     plain = run()
     assert not calls

@@ -166,7 +166,7 @@ class CPUBackend(Backend):
                                  layer.attn_mass)
         else:
             scores, pv = scratch.attn_scratch(n * q.shape[1], layer.slot_pos.shape[0])
-            if f16 and attention_decode.fits(n, layer.n_slots, q.shape[2], out.shape[2]):
+            if f16 and attention_decode.fits(n, layer.n_slots, layer.window, q.shape[2], out.shape[2]):
                 probs, lanes = scratch.deep_scratch(q.shape[1], layer.slot_pos.shape[0])
                 attention_decode.attention_f16_deep(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16),
                                                     layer.slot_pos, layer.n_slots, layer.window, np.float32(scale),
