@@ -21,7 +21,7 @@ from typing import Any, Iterable, Union
 from ..errors import TokenizerError
 from .bpe import BPEModel
 from .spm import SPACE_ESCAPE, SPMModel
-from .vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, Vocab
+from .vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, Vocab, all_of
 
 C_SPACE = b" \t\n\v\f\r"  # what C's isspace() accepts in the "C" locale: llama.cpp's strip
 
@@ -40,7 +40,7 @@ class Tokenizer:
         else:
             if merges is None:
                 raise TokenizerError("tokenizer metadata key 'tokenizer.ggml.merges' is missing from the GGUF")
-            if not isinstance(merges, list) or not set(map(type, merges)) <= {str}:
+            if not isinstance(merges, list) or not all_of(merges, (str,)):
                 raise TokenizerError("tokenizer.ggml.merges must be an array of strings")
             self._spm = None
             self._bpe = BPEModel(vocab.token_to_id, merges, vocab.pre)

@@ -49,6 +49,12 @@ _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>") 
 KEY = "tokenizer.ggml."
 
 
+def all_of(values: list, kinds: tuple[type, ...]) -> bool:
+    """Whether every value is an instance of kinds (a bool never counts as a number): the
+    check runs over the set of the values' types, at C speed for a 262k-token vocabulary."""
+    return all(issubclass(t, kinds) and not issubclass(t, bool) for t in set(map(type, values)))
+
+
 def _require(metadata: dict[str, Any], key: str) -> Any:
     if key not in metadata:
         raise TokenizerError(f"tokenizer metadata key {key!r} is missing from the GGUF")
@@ -84,7 +90,7 @@ class Vocab:
 
     def _load_tokens(self, metadata: dict[str, Any]) -> None:
         tokens = _require(metadata, KEY + "tokens")
-        if not isinstance(tokens, list) or not set(map(type, tokens)) <= {str}:  # C speed: 50k-260k tokens
+        if not isinstance(tokens, list) or not all_of(tokens, (str,)):
             raise TokenizerError(f"{KEY}tokens must be an array of strings")
         tokens = list(tokens)
         if "" in tokens:
@@ -97,10 +103,10 @@ class Vocab:
             raise TokenizerError(f"duplicate token {dup!r} in tokenizer.ggml.tokens")
         scores = metadata.get(KEY + "scores")
         types = metadata.get(KEY + "token_type")
-        for key, values, kind in ((KEY + "scores", scores, {int, float}), (KEY + "token_type", types, {int})):
+        for key, values, kind in ((KEY + "scores", scores, (int, float)), (KEY + "token_type", types, (int,))):
             if values is None:
                 continue
-            if not isinstance(values, list) or not set(map(type, values)) <= kind:  # bool is not int here
+            if not isinstance(values, list) or not all_of(values, kind):
                 raise TokenizerError(f"{key} must be an array of numbers")
             if len(values) < self.n_vocab:
                 raise TokenizerError(f"{key} has {len(values)} entries but the vocab has {self.n_vocab} tokens")
