@@ -126,6 +126,9 @@ def row_nbytes(ggml_type: int, n: int) -> int:
     return n // q.block_size * q.type_size
 
 
+_NUMPY_FLOATS = {int(T.F32): np.float32, int(T.F16): np.float16}
+
+
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
     """Raw tensor bytes -> float32, by the fast kernels.
 
@@ -140,8 +143,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.nd
     if raw.size != n_rows * nbytes:
         raise UnsupportedModelError(
             f"{T(int(ggml_type)).name} tensor of shape {shape} needs {n_rows * nbytes} bytes, got {raw.size}")
-    if int(ggml_type) in (int(T.F32), int(T.F16)):  # NumPy converts these exactly, with no compiled kernel to load
-        out = raw.view(np.float32 if int(ggml_type) == int(T.F32) else np.float16).astype(np.float32)
+    float_type = _NUMPY_FLOATS.get(int(ggml_type))
+    if float_type is not None:  # NumPy converts these exactly, with no compiled kernel to load
+        out = raw.view(float_type).astype(np.float32)
     else:
         out = np.empty((n_rows, n), np.float32)
         dequant.dequantize_rows(raw.reshape(n_rows, nbytes), int(ggml_type), out)

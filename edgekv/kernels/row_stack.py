@@ -43,13 +43,13 @@ class RowStack:
         self.n_rows = sum(w.n_rows for w in ws)
         self.qs, self.qh, self.d = (np.concatenate([getattr(w._p, f) for w in ws]) for f in ("qs", "qh", "d"))
         g0 = 0
+        self._cols = []  # each member's part of a product (no padded rows: groups x lanes)
         for w in ws:  # each member's arrays: its groups of the block (the originals are freed)
             g1 = g0 + w._p.n_groups
             w._p = dataclasses.replace(w._p, qs=self.qs[g0:g1], qh=self.qh[g0:g1], d=self.d[g0:g1])
+            self._cols.append(slice(g0 * w.lanes, g1 * w.lanes))
             g0 = g1
         self._xq, self._xd, self._xsum = first._xq, first._xd, first._xsum
-        bounds = np.cumsum([0] + [w.n_rows for w in ws]).tolist()
-        self._cols = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]  # each member's part of a product
         self._out = np.zeros(self.n_rows, np.float32)
         self._no_pad = np.zeros(0, np.float32)
 

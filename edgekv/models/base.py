@@ -212,11 +212,12 @@ class Scratch:
 class Decoder:
     """What every architecture's model class shares beyond its forward pass: `hp`, the
     `backend` its weights live on, `freq_factors` (RoPE's per-dimension factors), and the
-    steps every graph takes the same way (attention over the cache, RoPE tables, final
-    logits, re-rotating cached keys)."""
+    steps every graph takes the same way (attention over the cache, RoPE tables, a layer's
+    residual with the next layer's norm, final logits, re-rotating cached keys)."""
 
     hp: HParams
     backend: Backend
+    layers: list[LayerWeights]
     freq_factors: np.ndarray
     source: GGUFFile  # the file the weights came from (build_model sets it)
 
@@ -266,6 +267,14 @@ class Decoder:
         self.backend.rope_tables(positions, self.hp.rope_dims, theta, self.hp.rope_scaling, self.rope_factors(n_ctx),
                                  cos, sin)
         return cos, sin
+
+    def end_layer(self, il: int, x: np.ndarray, o: np.ndarray, h: np.ndarray) -> None:
+        """x += o, the residual of layer il, and h = the next layer's normed input (one
+        backend step); after the last layer the add only (output_logits norms its rows)."""
+        if il + 1 < len(self.layers):
+            self.backend.add_rms_norm(x, o, self.layers[il + 1].attn_norm, self.hp.norm_eps, h)
+        else:
+            self.backend.add(x, o)
 
     def output_logits(self, x: np.ndarray, norm_w: np.ndarray, w_out, rows: np.ndarray, logits: np.ndarray) -> None:
         """logits[j] = W_out @ rms_norm(x[rows[j]]) for the requested rows only."""

@@ -79,8 +79,5 @@ class Gemma3Model(Decoder):
             be.gelu_mul(gate, up)
             be.project(L.w_down, gate, o)
             be.rms_norm(o, L.extra["post_ffw_norm"], hp.norm_eps, o)
-            if il + 1 < len(self.layers):  # the residual, and the next layer's input norm
-                be.add_rms_norm(x, o, self.layers[il + 1].attn_norm, hp.norm_eps, h)
-            else:
-                be.add(x, o)
+            self.end_layer(il, x, o, h)
         self.output_logits(x, self.output_norm, self.output, rows, logits)

@@ -83,10 +83,7 @@ class LlamaModel(Decoder):
             be.project_many([L.w_gate, L.w_up], h, [gate, up])
             be.silu_mul(gate, up)
             be.project(L.w_down, gate, o)
-            if il + 1 < len(self.layers):  # the residual, and the next layer's input norm
-                be.add_rms_norm(x, o, self.layers[il + 1].attn_norm, hp.norm_eps, h)
-            else:
-                be.add(x, o)
+            self.end_layer(il, x, o, h)
         self.output_logits(x, self.output_norm, self.output, rows, logits)
         if self.output_bias is not None:
             be.add_bias(logits, self.output_bias)
