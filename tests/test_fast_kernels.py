@@ -59,6 +59,29 @@ def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("shape", [(200, 1024), (37, 96)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", INT8DOT_TYPES, ids=lambda t: T(t).name)
+def test_int8dot_rows_have_each_tokens_matvec_bits(ggml_type, shape):
+    # several tokens in one call (matvec_rows: separate sequences decoded together;
+    # matmul_exact: a short chunk) give each token the bits of its own portable matvec
+    rng = np.random.default_rng(ggml_type + 11)
+    n_rows, n_cols = shape
+    raw = random_rows(ggml_type, n_rows, n_cols, rng)
+    fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+    for n_tok in (2, 4, 7, 63):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
+        x[1, :32] = 0  # a zero activation block
+        expected = np.zeros((n_tok, n_rows), np.float32)
+        for t in range(n_tok):
+            portable.matvec(x[t], expected[t])
+        rows, exact = np.zeros_like(expected), np.zeros_like(expected)
+        fast.matvec_rows(x, rows)
+        fast.matmul_exact(x, exact)
+        assert same_bits(rows, expected) and same_bits(exact, expected), n_tok
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
 @pytest.mark.parametrize("codes", [(-128, -128), (127, 127), (-128, 127)], ids=str)
 def test_int8dot_q8_0_extreme_codes_are_exact(codes):
     # the largest pair sums an int8 instruction sees (AVX2's vpmaddubsw adds byte products in
@@ -270,5 +293,11 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
         ref = np.zeros((70, w.n_rows), np.float32)
         w.matmul_batch(x, ref)
         assert same_bits(o, ref)
+    stack.matvec_rows(x[:5], [o[:5] for o in outs])  # separate sequences' tokens (or a short chunk)
+    for w, o in zip(alone, outs):
+        for t in range(5):
+            ref = np.zeros(w.n_rows, np.float32)
+            w.matvec(x[t], ref)
+            assert same_bits(o[t], ref), t
     odd = QuantMatrix(random_rows(ggml_type, 13, n_cols, rng), ggml_type, 13, n_cols)  # a padded last group
     assert RowStack.of([alone[0], odd]) is None

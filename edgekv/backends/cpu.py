@@ -70,11 +70,12 @@ class CPUBackend(Backend):
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         stack = ws[0].stack
         if stack is not None and stack.is_of(ws):
-            if kernel_map.batched(x.shape[0]) and not self.rows_independent:
+            if x.shape[0] == 1:
+                stack.matvec(x[0], [out[0] for out in outs])
+            elif kernel_map.batched(x.shape[0]) and not self.rows_independent:
                 stack.matmul_batch(x, outs)
-            else:  # one token, a short chunk or separate sequences' tokens: per token, as matvec
-                for t in range(x.shape[0]):
-                    stack.matvec(x[t], [out[t] for out in outs])
+            else:  # a short chunk or separate sequences' tokens: each token as matvec computes it
+                stack.matvec_rows(x, outs)
             return
         # on the integer GEMM a chunk's activations are quantized once for all the weights
         if (not self.rows_independent and kernel_map.batched(x.shape[0])

@@ -51,4 +51,4 @@ def maddubs(builder, acc, codes, x4, signed=False):
     return lanes if acc is None else builder.add(acc, lanes)
 
 
-AVX2 = Isa("avx2", width=8, gemm_tokens=4, q8_flip=False, dot=maddubs)
+AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs)

@@ -72,6 +72,7 @@ class Isa:
     name: str
     width: int  # rows per call: one float32 lane each
     gemm_tokens: int  # tokens per GEMM call: their accumulators and the codes fit in registers
+    rows_tokens: int  # separate tokens per exact (matvec) call: 9 accumulators each beside the codes
     q8_flip: bool
     dot: Callable
 
@@ -131,47 +132,74 @@ def scales(builder, width, d_data, index, factor):
     return builder.fmul(halves_to_float(builder, halves), splat(builder, factor, vec(FLOAT, width)))
 
 
-def chunk_codegen(kind, isa):
-    """IR body: (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R + width*c : +width], one token."""
+def chunk_codegen(kind, isa, n_t=0):
+    """IR body, one token (n_t = 0): (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R +
+    width*c : +width]. Several separate tokens (n_t > 0): (qs, qh, d, xq4, xsum, xd, g, c,
+    t0, out) -> out[t0 : t0 + n_t, the same columns], xq4, xsum, xd with a token axis, out
+    f32[n_tok, >= G * R]; each token's arithmetic is the one-token kernel's, step for step
+    (the same bits), and the block's codes are built once for all n_t (tokens past the end
+    are computed on the last one and not stored)."""
     W = isa.width
     vf = vec(FLOAT, W)
 
     def codegen(context, builder, sig, args):
-        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 8)
         i64 = ir.IntType(64)
+        qs, qh, d, x4, xs, xd, out = arrays(context, builder, sig, args, 0, 1, 2, 3, 4, 5, 9 if n_t else 8)
         g, c = i64_args(builder, args[6:8])
         _, n_blocks, n_words, R = cgutils.unpack_tuple(builder, qs.shape, 4)
         n_dcols = cgutils.unpack_tuple(builder, d.shape, 4)[2]
         row0 = builder.mul(c, ir.Constant(i64, W))
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(9)]  # 8 lanes + the min sum
+        if n_t:
+            t0 = i64_args(builder, args[8:9])[0]
+            n_tok = cgutils.unpack_tuple(builder, x4.shape, 3)[0]
+            last = builder.sub(n_tok, ir.Constant(i64, 1))
+            toks = [builder.select(builder.icmp_signed("<", t, n_tok), t, last)
+                    for t in (builder.add(t0, ir.Constant(i64, i)) for i in range(n_t))]
+        else:
+            toks = [None]
+        # per token: 8 lanes + the min sum
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(9)] for _ in toks]
         off_mul = isa.offset(kind)
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
-            scale = scales(builder, W, d.data, d_base, load_at(builder, xd.data, b, 2, 0))
             if PREFETCH_BYTES:
                 at = builder.add(builder.mul(builder.mul(gb, n_words), R), row0)
                 for line in range(0, 4 * W * n_words_max(kind), 64):
                     prefetch(builder, builder.gep(qs.data, [builder.add(at, ir.Constant(i64, (PREFETCH_BYTES + line) // 4))]))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
-            for j in range(8):
-                lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, b, 8, j), isa.signed(kind))
-                if off_mul:
-                    xsum = load_at(builder, xs.data, b, 16, 8 + j)
-                    lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), lane.type))
-                builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(accs[j])), accs[j])
+            w_d = halves_to_float(builder, load16(builder, d.data, d_base, vec(INT16, W)))
             if kind in (T.Q4_1, T.Q5_1):
-                mins = scales(builder, W, d.data, builder.add(d_base, R), load_at(builder, xd.data, b, 2, 1))
-                builder.store(builder.fadd(builder.load(accs[8]), mins), accs[8])
-        a = [builder.load(p) for p in accs]
-        s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
-        s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
-        total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
-        if kind in (T.Q4_1, T.Q5_1):
-            total = builder.fadd(total, a[8])
-        ptr = builder.bitcast(builder.gep(out.data, [builder.add(builder.mul(g, R), row0)]), vf.as_pointer())
-        builder.store(total, ptr, align=4)
+                w_m = halves_to_float(builder, load16(builder, d.data, builder.add(d_base, R), vec(INT16, W)))
+            for t, acc in zip(toks, accs):
+                tb = b if t is None else builder.add(builder.mul(t, n_blocks), b)
+                scale = builder.fmul(w_d, splat(builder, load_at(builder, xd.data, tb, 2, 0), vf))
+                for j in range(8):
+                    lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
+                    if off_mul:
+                        xsum = load_at(builder, xs.data, tb, 16, 8 + j)
+                        lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), lane.type))
+                    builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(acc[j])), acc[j])
+                if kind in (T.Q4_1, T.Q5_1):
+                    mins = builder.fmul(w_m, splat(builder, load_at(builder, xd.data, tb, 2, 1), vf))
+                    builder.store(builder.fadd(builder.load(acc[8]), mins), acc[8])
+        col = builder.add(builder.mul(g, R), row0)
+        for i, acc in enumerate(accs):
+            a = [builder.load(p) for p in acc]
+            s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
+            s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
+            total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
+            if kind in (T.Q4_1, T.Q5_1):
+                total = builder.fadd(total, a[8])
+            if not n_t:
+                builder.store(total, builder.bitcast(builder.gep(out.data, [col]), vf.as_pointer()), align=4)
+                continue
+            t = builder.add(t0, ir.Constant(i64, i))
+            out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
+            with builder.if_then(builder.icmp_signed("<", t, n_tok)):
+                at = builder.add(builder.mul(t, out_cols), col)
+                builder.store(total, builder.bitcast(builder.gep(out.data, [at]), vf.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return codegen
@@ -241,6 +269,20 @@ def chunk_intrinsics(isa) -> dict:
             return types.void(qs, qh, d, xq4, xsum, xd, g, c, out), chunk_codegen(kind, isa)
 
         return chunk
+
+    return {kind: make(kind) for kind in TYPES}
+
+
+def rows_intrinsics(isa) -> dict:
+    """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, t0, out)}: the one-token
+    kernel for isa.rows_tokens separate tokens from t0, each with its bits."""
+
+    def make(kind):
+        @intrinsic
+        def rows(typingctx, qs, qh, d, xq4, xsum, xd, g, c, t0, out):
+            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), chunk_codegen(kind, isa, isa.rows_tokens)
+
+        return rows
 
     return {kind: make(kind) for kind in TYPES}
 

@@ -2,8 +2,9 @@
 set this CPU has: AVX512-VNNI (vnni.py), else AVX2 (avx2.py), or Arm's sdot (sdot.py).
 
 What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
-`HAS_INT8DOT`, `TYPES`, and the two drivers matvec.py calls: `matvec_chunks` (one token,
-llama.cpp's bits) and `gemm_chunks` (a long chunk); for the K-quants, `k4_sums` and
+`HAS_INT8DOT`, `TYPES`, and the drivers matvec.py calls: `matvec_chunks` (one token,
+llama.cpp's bits), `matvec_chunks_rows` (several tokens, each with those bits) and
+`gemm_chunks` (a long chunk); for the K-quants, `k4_sums` and
 `q6_runs`, the integer sums dot_k.py takes from dot_k_ir.py (K_TYPES). Only this CPU's ISA is ever compiled:
 the other's instructions do not exist for its LLVM target.
 What does not: the IR (dot_ir.py), activation quantization (activations.py).
@@ -15,7 +16,7 @@ import numba as nb
 from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
-from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics
+from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics, rows_intrinsics
 from .dot_k_ir import k_intrinsics
 from .gemm_k_ir import k_tile_intrinsics
 from .avx2 import AVX2, HAS_AVX2
@@ -26,9 +27,12 @@ ISA = VNNI if HAS_VNNI else AVX2 if HAS_AVX2 else SDOT if HAS_SDOT else None
 HAS_INT8DOT = ISA is not None
 CHUNK = (ISA or VNNI).width  # rows per call; repacked groups are a multiple of it
 TOKENS = (ISA or VNNI).gemm_tokens  # tokens per GEMM call
+ROWS_TOKENS = (ISA or VNNI).rows_tokens  # separate tokens per exact multi-token call
 
 _C = chunk_intrinsics(ISA or VNNI)
 _c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in TYPES)
+_R = rows_intrinsics(ISA or VNNI)
+_r_q8_0, _r_q4_0, _r_q4_1, _r_q5_0, _r_q5_1 = (_R[k] for k in TYPES)
 _G = gemm_intrinsics(ISA or VNNI)
 _g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
 
@@ -72,6 +76,27 @@ def matvec_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
                 _c_q5_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
             else:
                 _c_q5_1(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps
+def matvec_chunks_rows(kind, qs, qh, d, xq4, xsum, xd, out_pad):
+    # matvec_chunks for each of several tokens (xq4 i32[T, NB, 8], xsum, xd with the token
+    # axis too; out_pad f32[T, G * R]), each token's products exactly matvec_chunks': a
+    # chunk's weights come from memory once, its codes are built once per ROWS_TOKENS tokens
+    per_group = qs.shape[3] // CHUNK
+    for g in nb.prange(qs.shape[0]):
+        for c in range(per_group):
+            for t0 in range(0, xq4.shape[0], ROWS_TOKENS):
+                if kind == T.Q8_0:
+                    _r_q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+                elif kind == T.Q4_0:
+                    _r_q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+                elif kind == T.Q4_1:
+                    _r_q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+                elif kind == T.Q5_0:
+                    _r_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+                else:
+                    _r_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR

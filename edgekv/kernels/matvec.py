@@ -15,7 +15,9 @@ How each product is computed, and why:
   The result differs from the float64 product by the 8-bit rounding of x only.
   One call into Numba, no allocation: scratch lives on the QuantMatrix.
 - matmul_exact (a short chunk): one matvec per token in llama.cpp's summation orders,
-  bit-identical to it.
+  bit-identical to it; on the int8 dot kernels all tokens in one call that reads each
+  weight chunk from memory once (`matvec_rows`, also what separate sequences' decode
+  steps batched together take).
 - matmul_batch (a long chunk): the integer GEMM on q8 activations (dot_ir.py) where
   the weight takes the int8 dot-product kernels (AVX512-VNNI, AVX2 or Arm sdot); for the
   K-quants on those CPUs the whole-tile IR kernels (gemm_k_ir.py) in llama.cpp's batch
@@ -45,7 +47,8 @@ from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .repack import repack
 from .activations import quantize_acts, quantize_acts_k
-from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, k_gemm_chunks, matvec_chunks
+from .int8dot import (CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, k_gemm_chunks, matvec_chunks,
+                      matvec_chunks_rows)
 from .unpack import unpack_group
 
 if TYPE_CHECKING:
@@ -150,6 +153,16 @@ def matvec_int8dot(kind, x, qs, qh, d, xq, xd, xsum, out_pad, out):
         return
     matvec_chunks(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out_pad)
     out[:] = out_pad[:out.shape[0]]
+
+
+@nb.njit(**JIT_FLAGS)
+def matvec_int8dot_rows(kind, x, qs, qh, d, xq, xd, xsum, out):
+    # matvec_int8dot for every row of x: f32[T, n_cols] (separate sequences' tokens) with
+    # one activation buffer per row (xq i8[T, NB, 32], xd, xsum); out f32[T, G * R]: each
+    # row's bits are matvec_int8dot's, and the weight is read from memory once for all rows
+    for t in range(x.shape[0]):
+        act.quantize_act_q8(x[t], xq[t], xd[t], xsum[t])
+    matvec_chunks_rows(kind, qs, qh, d, xq.view(np.int32), xsum, xd, out)
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -303,17 +316,14 @@ class QuantMatrix:
         n_tok = x.shape[0] if x.ndim == 2 else -1
         _check("x", x, (n_tok, self.n_cols))
         _check("out", out, (n_tok, self.n_rows))
-        if self._int8dot:
-            for t in range(n_tok):
-                self.matvec(x[t], out[t])
-            return
+        p = self._p
         if self._k_flags:
             self._k_gemm(x, out, False)
             return
-        p = self._p
-        xq = thread_scratch("rows_xq", n_tok * self._xq.size, np.int8).reshape((n_tok,) + self._xq.shape)
-        xd = thread_scratch("rows_xd", n_tok * self._xd.size).reshape((n_tok,) + self._xd.shape)
-        xsum = thread_scratch("rows_xsum", n_tok * self._xsum.size, np.int32).reshape((n_tok,) + self._xsum.shape)
+        xq, xd, xsum = self.row_acts(n_tok)
+        if self._int8dot:
+            self._into(out, lambda dst: matvec_int8dot_rows(self.ggml_type, x, p.qs, p.qh, p.d, xq, xd, xsum, dst))
+            return
         xf = thread_scratch("rows_xf", n_tok * self._xf.size).reshape((n_tok,) + self._xf.shape)
         matvec_lanes_rows(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w, xq, xd, xsum, xf,
                           self._acc, self._isum, out, ORDER_GEMV | self._k_flags)
@@ -329,6 +339,9 @@ class QuantMatrix:
         # each sums K-quant products in its own order
         if self._k_flags:
             self._k_gemm(x, out, True)  # the same orders in the whole-tile IR kernels
+            return
+        if self._int8dot:  # one order for every token: matvec's, with the weight read once
+            self.matvec_rows(x, out)
             return
         n_gemm = n_tok - n_tok % 4
         tiled = ORDER_TILED if n_tok >= 8 else 0
@@ -363,6 +376,13 @@ class QuantMatrix:
                 prod = thread_scratch("prod", n_tok * (r1 - r0)).reshape(n_tok, r1 - r0)
                 np.dot(x, tile[:, :r1 - r0], out=prod)
                 out[:, r0:r1] = prod
+
+    def row_acts(self, n_tok: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's activation buffers (xq, xd, xsum) for n_tok separate tokens."""
+        xq = thread_scratch("rows_xq", n_tok * self._xq.size, np.int8).reshape((n_tok,) + self._xq.shape)
+        xd = thread_scratch("rows_xd", n_tok * self._xd.size).reshape((n_tok,) + self._xd.shape)
+        xsum = thread_scratch("rows_xsum", n_tok * self._xsum.size, np.int32).reshape((n_tok,) + self._xsum.shape)
+        return xq, xd, xsum
 
     def _k_gemm(self, x: np.ndarray, out: np.ndarray, batch: bool) -> None:
         # out = x @ W^T for a K-quant weight on the int8 dot kernels (gemm_k_ir.py), bit for

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from .int8dot import gemm_chunks
-from .matvec import QuantMatrix, _check, matvec_int8dot, quantize_chunk, thread_scratch
+from .matvec import QuantMatrix, _check, matvec_int8dot, matvec_int8dot_rows, quantize_chunk, thread_scratch
 
 
 class RowStack:
@@ -64,6 +64,17 @@ class RowStack:
         matvec_int8dot(self.ggml_type, x, self.qs, self.qh, self.d, self._xq, self._xd, self._xsum, self._no_pad,
                        self._out)
         self._split(self._out, outs)
+
+    def matvec_rows(self, x: np.ndarray, outs) -> None:
+        """outs[i][t] = members[i] @ x[t] for a few tokens (a short chunk, or separate
+        sequences' decode steps), each as members[i].matvec computes it; the block is read
+        from memory once for all of them."""
+        n_tok = x.shape[0] if x.ndim == 2 else -1
+        _check("x", x, (n_tok, self.n_cols))
+        xq, xd, xsum = self.members[0].row_acts(n_tok)
+        out = thread_scratch("stack_out", n_tok * self.n_rows).reshape(n_tok, self.n_rows)
+        matvec_int8dot_rows(self.ggml_type, x, self.qs, self.qh, self.d, xq, xd, xsum, out)
+        self._split(out, outs)
 
     def matmul_batch(self, x: np.ndarray, outs) -> None:
         """outs[i] = x @ members[i]^T for a long chunk, as members[i].matmul_batch computes it."""
