@@ -90,6 +90,7 @@ class KVCache:
         self.v = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
                   for cap, kind in zip(self.caps, self.kinds_v)]
         self.pos = [np.full(cap, -1, np.int32) for cap in self.caps]  # per layer (cap,)
+        self._addresses: np.ndarray | None = None  # ring_addresses()
         self.used = np.zeros(n_layers, np.int64)  # slots ever written: attention scans [0, used)
         self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
         self.n_tokens = 0
@@ -182,7 +183,16 @@ class KVCache:
                          self.rot_v[layer], _limit(kind_k), _limit(kind_v),
                          None if m is None else m.mean[layer], None if m is None else m.scale[layer],
                          None if m is None else self.sink_k[layer],
-                         self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None)
+                         self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None,
+                         self.ring_addresses()[layer])
+
+    def ring_addresses(self) -> np.ndarray:
+        """i64[n_layers, 3]: the data addresses of each layer's k, v and pos arrays (made once;
+        the arrays are only ever written in place, and `load`, which replaces them, drops it)."""
+        if self._addresses is None:
+            self._addresses = np.array([[a.ctypes.data for a in arrays] for arrays in zip(self.k, self.v, self.pos)],
+                                       np.int64)
+        return self._addresses
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
@@ -295,6 +305,7 @@ class KVCache:
         positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens; for a
         calibrated K type also the key map its rows were stored through and the sink rows."""
         self.k, self.v, self.pos = list(k), list(v), list(pos)
+        self._addresses = None
         if self.calibrated:
             self.key_map, self.sink_k = key_map, sink_k
         self.used[:], self.cur[:] = ring[0], ring[1]

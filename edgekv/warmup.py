@@ -4,8 +4,8 @@ Numba compiles a kernel on its first call (for SmolLM2 about half a minute, for 
 a minute) and keeps the machine code in the kernel cache (kernels/jit_cache.py). This
 runs every path a model can take, so the first real answer loads them instead: both
 architectures, every weight type, an f16 and a quantized cache, decode, short chunks
-(llama.cpp's 4-token and tiled orders), long chunks (the batch path) and a context
-shift, on tiny random models (tiny_model.py). On two or more cores the exact path and
+(llama.cpp's 4-token and tiled orders), long chunks (the batch path), a context
+shift and the server's batched decode step, on tiny random models (tiny_model.py). On two or more cores the exact path and
 the batch path compile side by side in two processes. A marker in the kernel
 cache records that this version's kernels are warm for this CPU and backend.
 """
@@ -71,7 +71,25 @@ def run_item(arch: str, weight_type: str, path: str, backend: str, folder: str) 
         for n in CHUNKS[path]:
             s.eval(rng.integers(0, model.hp.n_vocab, n), all_logits=n > 1)
         assert s.n_discarded, "the warm-up was meant to shift the context"
+    if path == "exact":
+        _decode_together(model, rng)
     return time.perf_counter() - t0
+
+
+def _decode_together(model, rng) -> None:
+    # the server's batched decode step (batch.py): two sessions' tokens in one pass
+    import numpy as np
+
+    from .batch import DecodeStep, decode_together
+    from .models.base import Scratch
+
+    net, n_vocab = model.network, model.hp.n_vocab
+    sessions = [model.session(n_ctx=N_CTX["exact"]) for _ in range(2)]
+    for s in sessions:
+        s.eval(rng.integers(0, n_vocab, 3))
+    rows = np.zeros((2, n_vocab), np.float32)
+    steps = [DecodeStep(1, s.cache, s.cache.reserve(1), rows[i : i + 1]) for i, s in enumerate(sessions)]
+    decode_together(net, steps, Scratch(net.hp, 2, net.backend.n_workers), np.zeros_like(rows))
 
 
 def _run_share(items: list[tuple[str, str, str]], backend: str, folder: str) -> float:

@@ -69,6 +69,21 @@ def test_batched_rows_equal_solo_passes(which, cache_type, smollm2_path, gemma3_
             assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
 
 
+def test_deep_and_shallow_sessions_together_equal_solo_passes(smollm2_path):
+    # an f16 session past the deep kernel's depth (attention_decode.py) decodes on its own
+    # beside shallow ones that share one attention call (attention_sessions.py)
+    model = _load(smollm2_path)
+    sessions = []
+    for i, depth in enumerate((600, 9, 30)):
+        s = model.session(1024, 256)
+        s.eval(np.random.default_rng(i).integers(0, model.hp.n_vocab, depth))
+        sessions.append(s)
+    tokens = [int(np.argmax(s.logits)) for s in sessions]
+    solo = _solo(sessions, tokens)
+    for i, row in enumerate(_together(model, sessions, tokens)):
+        assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
+
+
 def test_sessions_of_different_context_sizes_are_refused(smollm2_path):
     model = _load(smollm2_path)
     a, b = model.session(128, 16), model.session(256, 16)

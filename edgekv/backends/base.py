@@ -58,6 +58,9 @@ class LayerView:
     # f32[n_kv_heads, cap] or None: where a full-context layer adds the softmax weight each slot
     # receives, per KV head summed over its query heads and queries (`keep`'s tallies, heavy_hitters.py)
     attn_mass: np.ndarray | None = None
+    # i64[3]: the data addresses of k, v and slot_pos (a kernel that takes several sessions'
+    # rings at once reads them by address: kernels/attention_sessions.py)
+    addresses: np.ndarray | None = None
 
 
 class Backend(ABC):
@@ -187,6 +190,17 @@ class Backend(ABC):
         layer; positions: i32[n]. Slot s is visible to query t when 0 <= slot_pos[s] <=
         positions[t] and, in a windowed layer, positions[t] - slot_pos[s] < window.
         out: f32[n, n_heads, hd_v] = softmax(q . k * scale) @ v per head (GQA)."""
+
+    def attend_sessions(self, layers: Sequence[LayerView], slots: Sequence[np.ndarray], positions: np.ndarray,
+                        q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, scale: float,
+                        scratch: Any) -> None:
+        """One decode step of several sessions (batch.py): row i of q, k, v, out (shaped as
+        in `attend`) is session i's one token at positions[i], written into slots[i] of
+        its own layer layers[i] and attending to it alone. Here: `attend` row by row; a
+        backend may do them in one call, with each row's bits."""
+        for i, layer in enumerate(layers):
+            self.attend(layer, slots[i], positions[i : i + 1], q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                        out[i : i + 1], scale, scratch)
 
     def describe(self) -> dict[str, str]:
         """Facts for `edgekv info` (name -> value)."""

@@ -19,6 +19,7 @@ from ..row_transforms import keep_sinks, map_keys, map_queries, rotate
 from ..kernels import attention_decode
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
+from ..kernels.attention_sessions import attention_f16_sessions
 from ..kernels.config import max_threads
 from ..kernels.ggml_math import gelu_f16_table
 from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
@@ -31,6 +32,12 @@ from .base import Backend, LayerView
 
 
 _NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the cache keeps none
+
+
+def _plain_f16(layer: LayerView) -> bool:
+    # an f16 K and V ring with nothing stored beside it: no key map, sinks, rotation or tally
+    return (layer.type_k == layer.type_v == T.F16 and layer.key_scale is None and layer.sink_k is None
+            and layer.rot_k is None and layer.rot_v is None and layer.attn_mass is None)
 
 
 class CPUBackend(Backend):
@@ -183,6 +190,34 @@ class CPUBackend(Backend):
                 weights = (weights / weights.sum(axis=1, keepdims=True)).reshape(n, k.shape[1], -1, layer.n_slots)
                 layer.attn_mass[:, : layer.n_slots] += weights.sum(axis=(0, 2))
         rotate(out, layer.rot_v)
+
+    def attend_sessions(self, layers, slots, positions, q, k, v, out, scale, scratch) -> None:
+        # sessions whose layer is a plain f16 ring at short depth (the default cache) in one
+        # kernel call (attention_sessions.py); the others one by one, as attend does them
+        hd_k, hd_v, cap = q.shape[2], out.shape[2], layers[0].slot_pos.shape[0]
+        together = [i for i, layer in enumerate(layers) if _plain_f16(layer) and layer.slot_pos.shape[0] == cap
+                    and not attention_decode.fits(1, layer.n_slots, layer.window, hd_k, hd_v)]
+        if len(together) < 2:
+            super().attend_sessions(layers, slots, positions, q, k, v, out, scale, scratch)
+            return
+        alone = set(range(len(layers))).difference(together)
+        for i in alone:
+            self.attend(layers[i], slots[i], positions[i : i + 1], q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                        out[i : i + 1], scale, scratch)
+        rows = np.array(together)
+        group = [layers[i] for i in together]
+        at = np.array([layer.addresses for layer in group])
+        n_slots = np.array([layer.n_slots for layer in group], np.int64)
+        windows = np.array([layer.window for layer in group], np.int64)
+        scores, pv = scratch.attn_scratch(rows.size * q.shape[1], cap)
+        first = group[0]
+        sel = rows if alone else slice(None)
+        part = out[sel]
+        attention_f16_sessions(q[sel], k[sel], v[sel], positions[sel], np.array([slots[i][0] for i in together]), at,
+                               n_slots, windows, cap, np.float32(first.limit_k), np.float32(first.limit_v),
+                               np.float32(scale), scores, pv, thread_scratch("kv_row", max(hd_k, hd_v)), part)
+        if alone:
+            out[rows] = part
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name,

@@ -75,13 +75,23 @@ def _reduce16(v):
 
 
 @nb.njit(**EXACT_FLAGS)
-def _fold_lanes(lanes):
+def _fold_lanes(lanes, n_regs=4):
     # GGML_F32x16_REDUCE of 4 accumulators lanes[4, 16, m] -> lanes[0, :, m] summed over
-    # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16
+    # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16.
+    # n_regs < 4: registers n_regs.. were never written (left +0, never read): the same sums
+    # without adding their zeros, which changes no bit (an FMA-accumulated sum starting at
+    # +0 is never -0, and x + +0 == x for every other x, inf and NaN included)
     for l in range(16):
         r0, r1, r2, r3 = lanes[0, l], lanes[1, l], lanes[2, l], lanes[3, l]
-        for e in range(lanes.shape[2]):
-            r0[e] = np.float32(np.float32(r0[e] + r2[e]) + np.float32(r1[e] + r3[e]))
+        if n_regs == 4:
+            for e in range(lanes.shape[2]):
+                r0[e] = np.float32(np.float32(r0[e] + r2[e]) + np.float32(r1[e] + r3[e]))
+        elif n_regs == 3:
+            for e in range(lanes.shape[2]):
+                r0[e] = np.float32(np.float32(r0[e] + r2[e]) + r1[e])
+        elif n_regs == 2:
+            for e in range(lanes.shape[2]):
+                r0[e] = np.float32(r0[e] + r1[e])
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -155,44 +165,51 @@ def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, 
     # k_cache: u16[n_kv, cap, hd_k]; v_cache: u16[n_kv, cap, hd_v]; slot_pos: i32[cap] (-1 = empty)
     # scores: f32[>= n * n_heads, >= n_slots]; pv: f32[threads, 4, 16, >= max(hd_v, 64)] scratch
     # out: f32[n, n_heads, hd_v]. Slot s is visible to query t if 0 <= pos <= q_pos[t]
-    # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc):
-    # slot s of the weighted sum of V goes to lane s % 16 of register _register(s).
+    # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc).
     n, n_heads, hd_k = q.shape
-    one_register = n > 1
-    hd_v = v_cache.shape[2]
     group = n_heads // k_cache.shape[0]
-    fast_dot = not one_register and hd_k % 64 == 0
     for job in nb.prange(n * n_heads):
         t, h = job // n_heads, job % n_heads
-        kvh, qp = h // group, q_pos[t]
-        lanes = pv[nb.get_thread_id()]
-        dot_acc = lanes[0, 0, 0:64]  # free until the V sum starts
-        for i in range(hd_k):
-            q[t, h, i] = round_f16(q[t, h, i])
-        row = scores[job]
-        m = -np.inf
-        for s in range(n_slots):
-            if not visible(slot_pos[s], qp, window):
-                row[s] = -np.inf
-                continue
-            if fast_dot:
-                row[s] = dot_f16_4reg(q[t, h], k_cache[kvh, s]) * scale
-            else:
-                row[s] = dot_f16(q[t, h], k_cache[kvh, s], dot_acc, one_register) * scale
-            m = max(m, row[s])
-        denom = softmax_numerators(row, n_slots, m)
-        inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
-        lanes[:] = 0.0
-        for s in range(n_slots):
-            if row[s] != 0.0:
-                w = round_f16(row[s] * inv)
-                j, l = _register(s, one_register), s % 16
-                acc, v_row = lanes[j, l], v_cache[kvh, s]
-                for e in range(hd_v):
-                    acc[e] = fma(w, f16_to_f32(v_row[e]), acc[e])
-        _fold_lanes(lanes)
-        for e in range(hd_v):
-            out[t, h, e] = _reduce16(lanes[0, :, e])
+        attend_head(q[t, h], q_pos[t], k_cache[h // group], v_cache[h // group], slot_pos, n_slots, window, scale,
+                    scores[job], pv[nb.get_thread_id()], out[t, h], n > 1)
+
+
+@nb.njit(**EXACT_FLAGS)
+def attend_head(q, qp, k_rows, v_rows, slot_pos, n_slots, window, scale, row, lanes, out, one_register):
+    # one query head at position qp over one KV head's ring (k_rows u16[cap, hd_k], v_rows
+    # u16[cap, hd_v]) -> out f32[hd_v]; q f32[hd_k] is rounded to f16 in place; row: its
+    # score row, lanes: f32[4, 16, >= max(hd_v, 64)] scratch. one_register: the query is one
+    # of a chunk's (llamafile's tinyBLAS order), else a lone decode step (ggml_vec_dot_f16's):
+    # slot s of the weighted sum of V goes to lane s % 16 of register _register(s).
+    hd_k, hd_v = q.shape[0], v_rows.shape[1]
+    fast_dot = not one_register and hd_k % 64 == 0
+    dot_acc = lanes[0, 0, 0:64]  # free until the V sum starts
+    for i in range(hd_k):
+        q[i] = round_f16(q[i])
+    m = -np.inf
+    for s in range(n_slots):
+        if not visible(slot_pos[s], qp, window):
+            row[s] = -np.inf
+            continue
+        if fast_dot:
+            row[s] = dot_f16_4reg(q, k_rows[s]) * scale
+        else:
+            row[s] = dot_f16(q, k_rows[s], dot_acc, one_register) * scale
+        m = max(m, row[s])
+    denom = softmax_numerators(row, n_slots, m)
+    inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
+    n_regs = 1 if one_register else min(4, (n_slots + 15) // 16)  # the registers slots reach
+    lanes[:n_regs, :, :hd_v] = 0.0
+    for s in range(n_slots):
+        if row[s] != 0.0:
+            w = round_f16(row[s] * inv)
+            j, l = _register(s, one_register), s % 16
+            acc, v_row = lanes[j, l], v_rows[s]
+            for e in range(hd_v):
+                acc[e] = fma(w, f16_to_f32(v_row[e]), acc[e])
+    _fold_lanes(lanes[:, :, :hd_v], n_regs)
+    for e in range(hd_v):
+        out[e] = _reduce16(lanes[0, :, e])
 
 
 @nb.njit(**PARALLEL_FLAGS)

@@ -248,16 +248,18 @@ class Decoder:
         (the cache's Reservation) reserved and attend over everything visible; scores are
         (q . k) * scale; out: f32[n, n_heads * head_dim_v]."""
         hp, n = self.hp, q.shape[0]
-        if isinstance(cache, CacheBatch):  # sessions decoding together: each row attends to its own ring
-            for i, (one, r) in enumerate(zip(cache.caches, res.parts)):
-                self.attend(one, s, layer, r, q[i : i + 1], k[i : i + 1], v[i : i + 1], out[i : i + 1], scale)
-            return
         q, k = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
+        v, out = v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v)
+        if isinstance(cache, CacheBatch):  # sessions decoding together: each row attends to its own ring
+            for one, r, i in zip(cache.caches, res.parts, range(n)):
+                if one.observer is not None:
+                    one.observer(layer, r.positions, q[i : i + 1], k[i : i + 1])
+            self.backend.attend_sessions([one.layer_view(layer) for one in cache.caches],
+                                         [r.slots[layer] for r in res.parts], res.positions, q, k, v, out, scale, s)
+            return
         if cache.observer is not None:  # a calibration pass (kv_calibration.py)
             cache.observer(layer, res.positions, q, k)
-        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions, q, k,
-                            v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v),
-                            scale, s)
+        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions, q, k, v, out, scale, s)
 
     def fill_rope(self, s: Scratch, kind: str, positions: np.ndarray, theta: float,
                   n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
