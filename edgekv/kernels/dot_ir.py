@@ -72,7 +72,7 @@ class Isa:
     name: str
     width: int  # rows per call: one float32 lane each
     gemm_tokens: int  # tokens per GEMM call: their accumulators and the codes fit in registers
-    rows_tokens: int  # separate tokens per exact (matvec) call: 9 accumulators each beside the codes
+    rows_tokens: int  # separate tokens per exact (matvec) call: 9 accumulators each beside the codes (1: per token)
     q8_flip: bool
     dot: Callable
 
@@ -176,10 +176,11 @@ def chunk_codegen(kind, isa, n_t=0):
                 tb = b if t is None else builder.add(builder.mul(t, n_blocks), b)
                 scale = builder.fmul(w_d, splat(builder, load_at(builder, xd.data, tb, 2, 0), vf))
                 for j in range(8):
-                    lane = isa.dot(builder, None, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
+                    seed = None  # the integer lane starts at -offset x the lane's activation sum
                     if off_mul:
                         xsum = load_at(builder, xs.data, tb, 16, 8 + j)
-                        lane = builder.sub(lane, splat(builder, builder.mul(xsum, ir.Constant(INT32, off_mul)), lane.type))
+                        seed = splat(builder, builder.mul(xsum, ir.Constant(INT32, -off_mul)), vec(INT32, W))
+                    lane = isa.dot(builder, seed, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
                     builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(acc[j])), acc[j])
                 if kind in (T.Q4_1, T.Q5_1):
                     mins = builder.fmul(w_m, splat(builder, load_at(builder, xd.data, tb, 2, 1), vf))
@@ -273,14 +274,14 @@ def chunk_intrinsics(isa) -> dict:
     return {kind: make(kind) for kind in TYPES}
 
 
-def rows_intrinsics(isa) -> dict:
+def rows_intrinsics(isa, n_t) -> dict:
     """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, t0, out)}: the one-token
-    kernel for isa.rows_tokens separate tokens from t0, each with its bits."""
+    kernel for n_t separate tokens from t0, each with its bits."""
 
     def make(kind):
         @intrinsic
         def rows(typingctx, qs, qh, d, xq4, xsum, xd, g, c, t0, out):
-            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), chunk_codegen(kind, isa, isa.rows_tokens)
+            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), chunk_codegen(kind, isa, n_t)
 
         return rows
 

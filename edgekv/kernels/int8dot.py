@@ -27,12 +27,14 @@ ISA = VNNI if HAS_VNNI else AVX2 if HAS_AVX2 else SDOT if HAS_SDOT else None
 HAS_INT8DOT = ISA is not None
 CHUNK = (ISA or VNNI).width  # rows per call; repacked groups are a multiple of it
 TOKENS = (ISA or VNNI).gemm_tokens  # tokens per GEMM call
-ROWS_TOKENS = (ISA or VNNI).rows_tokens  # separate tokens per exact multi-token call
+ROWS_TOKENS = (ISA or VNNI).rows_tokens  # separate tokens per exact multi-token call (1: per token)
 
 _C = chunk_intrinsics(ISA or VNNI)
 _c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in TYPES)
-_R = rows_intrinsics(ISA or VNNI)
+_R = rows_intrinsics(ISA or VNNI, max(2, ROWS_TOKENS))
 _r_q8_0, _r_q4_0, _r_q4_1, _r_q5_0, _r_q5_1 = (_R[k] for k in TYPES)
+_P = rows_intrinsics(ISA or VNNI, 2)
+_p_q8_0, _p_q4_0, _p_q4_1, _p_q5_0, _p_q5_1 = (_P[k] for k in TYPES)
 _G = gemm_intrinsics(ISA or VNNI)
 _g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
 
@@ -82,21 +84,65 @@ def matvec_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
 def matvec_chunks_rows(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     # matvec_chunks for each of several tokens (xq4 i32[T, NB, 8], xsum, xd with the token
     # axis too; out_pad f32[T, G * R]), each token's products exactly matvec_chunks': a
-    # chunk's weights come from memory once, its codes are built once per ROWS_TOKENS tokens
+    # chunk's weights come from memory once for all tokens, and where the ISA's registers
+    # allow (ROWS_TOKENS > 1) its codes are built once per ROWS_TOKENS tokens, then per 2
     per_group = qs.shape[3] // CHUNK
+    n_tok = xq4.shape[0]
+    wide = ROWS_TOKENS if ROWS_TOKENS > 1 else n_tok + 1
+    pair = 2 if ROWS_TOKENS > 1 else n_tok + 1
     for g in nb.prange(qs.shape[0]):
         for c in range(per_group):
-            for t0 in range(0, xq4.shape[0], ROWS_TOKENS):
-                if kind == T.Q8_0:
-                    _r_q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-                elif kind == T.Q4_0:
-                    _r_q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-                elif kind == T.Q4_1:
-                    _r_q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-                elif kind == T.Q5_0:
-                    _r_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
-                else:
-                    _r_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+            t = 0
+            while t + wide <= n_tok:
+                _rows_wide(kind, qs, qh, d, xq4, xsum, xd, g, c, t, out_pad)
+                t += wide
+            while t + pair <= n_tok:
+                _rows_pair(kind, qs, qh, d, xq4, xsum, xd, g, c, t, out_pad)
+                t += pair
+            for t in range(t, n_tok):
+                _row_one(kind, qs, qh, d, xq4[t], xsum[t], xd[t], g, c, out_pad[t])
+
+
+@nb.njit(**EXACT_FLAGS)
+def _rows_wide(kind, qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad):
+    if kind == T.Q8_0:
+        _r_q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q4_0:
+        _r_q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q4_1:
+        _r_q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q5_0:
+        _r_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    else:
+        _r_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _rows_pair(kind, qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad):
+    if kind == T.Q8_0:
+        _p_q8_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q4_0:
+        _p_q4_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q4_1:
+        _p_q4_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q5_0:
+        _p_q5_0(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+    else:
+        _p_q5_1(qs, qh, d, xq4, xsum, xd, g, c, t0, out_pad)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _row_one(kind, qs, qh, d, xq4, xsum, xd, g, c, out_pad):
+    if kind == T.Q8_0:
+        _c_q8_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+    elif kind == T.Q4_0:
+        _c_q4_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+    elif kind == T.Q4_1:
+        _c_q4_1(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+    elif kind == T.Q5_0:
+        _c_q5_0(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
+    else:
+        _c_q5_1(qs, qh, d, xq4, xsum, xd, g, c, out_pad)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR

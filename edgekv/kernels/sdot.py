@@ -55,4 +55,4 @@ def sdot(builder, acc, codes, x4, signed=False):
     return concat(builder, parts)
 
 
-SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=2, q8_flip=False, dot=sdot)
+SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot)

@@ -29,4 +29,4 @@ def dpbusd(builder, acc, codes, x4, signed=False):
     return builder.call(fn, [acc if acc is not None else ir.Constant(V16I, None), codes, splat(builder, x4, V16I)])
 
 
-VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=2, q8_flip=True, dot=dpbusd)
+VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=4, q8_flip=True, dot=dpbusd)
