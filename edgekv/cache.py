@@ -157,20 +157,24 @@ class KVCache:
         positions = np.arange(self.n_tokens, self.n_tokens + n, dtype=np.int32)
         res = Reservation(positions, [], self.cur.copy())
         full_slots = None  # every full layer is reserved and discarded alike: one search serves all
+        used = self.used
         for layer, pos in enumerate(self.pos):
             if not self.ring(layer):
                 if full_slots is None:
                     full_slots = np.flatnonzero(pos < 0)[:n]
+                    full_end = int(full_slots[-1]) + 1 if full_slots.size else 0  # ascending: the last is the top
                     if self.tallies is not None:
                         self.tallies.clear(full_slots)
-                slots = full_slots
+                slots, end = full_slots, full_end
             else:
                 order = (self.cur[layer] + np.arange(self.caps[layer])) % self.caps[layer]
                 pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
                 slots = order[~pinned][:n]
                 self.cur[layer] = (slots[-1] + 1) % self.caps[layer]
+                end = int(slots.max()) + 1
             pos[slots] = positions
-            self.used[layer] = max(self.used[layer], int(slots.max()) + 1)
+            if end > used[layer]:
+                used[layer] = end
             res.slots.append(slots)
         return res
 
