@@ -19,6 +19,11 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
 | F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
+A short chunk, or several sessions' decode steps run together (batch.py), takes the n < 64
+column token by token with each token's bits, but the int8-dot kernels read each weight
+from memory once for all the tokens (int8dot.matvec_chunks_rows; the K-quants' gemv tiles
+likewise), and on AVX512-VNNI build a block's codes once for 4 tokens.
+
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
 and the K-quants' batch column (so Gemma 3's Q4_K/Q6_K prefill rounds as llama.cpp's does),
 on both backends and on every CPU (the VNNI, sdot and portable kernels give the same bits:
@@ -35,7 +40,7 @@ Attention (either backend; the IR kernels are plain LLVM vector code, any CPU):
 
 | cache K / V        | n < 64                                           | n >= 64                                        |
 |--------------------|--------------------------------------------------|------------------------------------------------|
-| f16 / f16          | attention.py attention_f16 (exact); one query over >= 512 slots: attention_decode.py attention_f16_deep (same bits, slot-blocked) | attention_chunk_blas on the f16 rows (f16 roundings, BLAS order) |
+| f16 / f16          | attention.py attention_f16 (exact); one query over >= 512 slots: attention_decode.py attention_f16_deep (same bits, slot-blocked); several sessions' decode steps (the server's batch): attention_sessions.py, one call (same bits) | attention_chunk_blas on the f16 rows (f16 roundings, BLAS order) |
 | any other pair     | attention_q.py attention_rows (Q8_0/Q4_0 rows read in place) | rows dequantized + attention_chunk_blas |
 
 Element-wise kernels (ops.py: RMS norm, RoPE, SiLU/GELU, residual adds) are the same on
