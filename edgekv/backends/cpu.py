@@ -35,9 +35,11 @@ _NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the c
 
 
 def _plain_f16(layer: LayerView) -> bool:
-    # an f16 K and V ring with nothing stored beside it: no key map, sinks, rotation or tally
+    # an f16 K and V ring with nothing stored beside it (no key map, sinks, rotation or tally),
+    # whose arrays' addresses its cache gave
     return (layer.type_k == layer.type_v == T.F16 and layer.key_scale is None and layer.sink_k is None
-            and layer.rot_k is None and layer.rot_v is None and layer.attn_mass is None)
+            and layer.rot_k is None and layer.rot_v is None and layer.attn_mass is None
+            and layer.addresses is not None)
 
 
 class CPUBackend(Backend):
