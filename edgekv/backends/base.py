@@ -198,9 +198,13 @@ class Backend(ABC):
         in `attend`) is session i's one token at positions[i], written into slots[i] of
         its own layer layers[i] and attending to it alone. Here: `attend` row by row; a
         backend may do them in one call, with each row's bits."""
-        for i, layer in enumerate(layers):
-            self.attend(layer, slots[i], positions[i : i + 1], q[i : i + 1], k[i : i + 1], v[i : i + 1],
-                        out[i : i + 1], scale, scratch)
+        for i in range(len(layers)):
+            self.attend_row(i, layers, slots, positions, q, k, v, out, scale, scratch)
+
+    def attend_row(self, i: int, layers, slots, positions, q, k, v, out, scale, scratch) -> None:
+        """Row i of an attend_sessions call through `attend`, alone."""
+        self.attend(layers[i], slots[i], positions[i : i + 1], q[i : i + 1], k[i : i + 1], v[i : i + 1],
+                    out[i : i + 1], scale, scratch)
 
     def describe(self) -> dict[str, str]:
         """Facts for `edgekv info` (name -> value)."""

@@ -204,8 +204,7 @@ class CPUBackend(Backend):
             return
         alone = set(range(len(layers))).difference(together)
         for i in alone:
-            self.attend(layers[i], slots[i], positions[i : i + 1], q[i : i + 1], k[i : i + 1], v[i : i + 1],
-                        out[i : i + 1], scale, scratch)
+            self.attend_row(i, layers, slots, positions, q, k, v, out, scale, scratch)
         rows = np.array(together)
         group = [layers[i] for i in together]
         at = np.array([layer.addresses for layer in group])

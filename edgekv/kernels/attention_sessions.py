@@ -8,7 +8,7 @@ one call spreads every session's heads over the threads. The rings are separate 
 one shape (the sessions of a batch share their context size), passed by address: one
 compiled kernel serves any number of sessions.
 What lives here: `attention_f16_sessions`, which also writes each session's new K/V rows
-(store_rows, in the same call). What does not: the per-head arithmetic
+(store_rows_kv, in the same call). What does not: the per-head arithmetic
 (attention.attend_head), choosing this path (backends/cpu.py).
 """
 
@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from .attention import attend_head
 from .config import PARALLEL_FLAGS
-from .quantize import store_rows
+from .quantize import store_rows_kv
 
 F16 = 1  # ggml's type id of the f16 rows these rings hold
 
@@ -48,7 +48,7 @@ _i32_at = _pointer_intrinsic(types.int32)
 def attention_f16_sessions(q, k, v, q_pos, slots, at, n_slots, windows, cap, limit_k, limit_v, scale, scores, pv,
                            kv_row, out):
     # q: f32[n, n_heads, hd_k], k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v]: row t is session
-    # t's token at q_pos[t], stored into slot slots[t] of its ring (store_rows: clamped to
+    # t's token at q_pos[t], stored into slot slots[t] of its ring (store_rows_kv: clamped to
     # +-limit, f16), then attending to it; the ring's arrays at addresses at[t] (i64[3]):
     # k u16[n_kv, cap, hd_k], v u16[n_kv, cap, hd_v], slot_pos i32[cap]; n_slots[t] slots
     # written (the new one included), windows[t] (0: none). scores: f32[>= n * n_heads, >= cap],
@@ -58,10 +58,9 @@ def attention_f16_sessions(q, k, v, q_pos, slots, at, n_slots, windows, cap, lim
     n_kv, hd_v = k.shape[1], v.shape[2]
     group = n_heads // n_kv
     for t in range(n):
-        store_rows(k[t : t + 1], F16, slots[t : t + 1], nb.carray(_u8_at(at[t, 0]), (n_kv, cap, 2 * hd_k)), limit_k,
-                   kv_row[:hd_k])
-        store_rows(v[t : t + 1], F16, slots[t : t + 1], nb.carray(_u8_at(at[t, 1]), (n_kv, cap, 2 * hd_v)), limit_v,
-                   kv_row[:hd_v])
+        store_rows_kv(k[t : t + 1], v[t : t + 1], F16, F16, slots[t : t + 1],
+                      nb.carray(_u8_at(at[t, 0]), (n_kv, cap, 2 * hd_k)), nb.carray(_u8_at(at[t, 1]), (n_kv, cap, 2 * hd_v)),
+                      limit_k, limit_v, kv_row)
     for job in nb.prange(n * n_heads):
         t, h = job // n_heads, job % n_heads
         k_rows = nb.carray(_u16_at(at[t, 0]), (n_kv, cap, hd_k))[h // group]

@@ -132,6 +132,15 @@ def scales(builder, width, d_data, index, factor):
     return builder.fmul(halves_to_float(builder, halves), splat(builder, factor, vec(FLOAT, width)))
 
 
+def _lane_total(builder, kind, a):
+    # one token's 8 lane accumulators (+ the min sum a[8]) as hsum_float_8 adds them:
+    # ((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3)), then the min sum
+    s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
+    s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
+    total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
+    return builder.fadd(total, a[8]) if kind in (T.Q4_1, T.Q5_1) else total
+
+
 def chunk_codegen(kind, isa, n_t=0):
     """IR body, one token (n_t = 0): (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R +
     width*c : +width]. Several separate tokens (n_t > 0): (qs, qh, d, xq4, xsum, xd, g, c,
@@ -187,12 +196,7 @@ def chunk_codegen(kind, isa, n_t=0):
                     builder.store(builder.fadd(builder.load(acc[8]), mins), acc[8])
         col = builder.add(builder.mul(g, R), row0)
         for i, acc in enumerate(accs):
-            a = [builder.load(p) for p in acc]
-            s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
-            s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
-            total = builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3))
-            if kind in (T.Q4_1, T.Q5_1):
-                total = builder.fadd(total, a[8])
+            total = _lane_total(builder, kind, [builder.load(p) for p in acc])
             if not n_t:
                 builder.store(total, builder.bitcast(builder.gep(out.data, [col]), vf.as_pointer()), align=4)
                 continue
