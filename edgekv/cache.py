@@ -90,6 +90,9 @@ class KVCache:
         self.v = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
                   for cap, kind in zip(self.caps, self.kinds_v)]
         self.pos = [np.full(cap, -1, np.int32) for cap in self.caps]  # per layer (cap,)
+        self._full_layers = [i for i, cap in enumerate(self.caps) if cap == capacity]
+        self._ring_layers = [i for i, cap in enumerate(self.caps) if cap < capacity]
+        self._full_mask = np.array([cap == capacity for cap in self.caps])
         self._addresses: np.ndarray | None = None  # ring_addresses()
         self.used = np.zeros(n_layers, np.int64)  # slots ever written: attention scans [0, used)
         self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
@@ -155,27 +158,30 @@ class KVCache:
                 n_tokens=self.n_tokens + n, n_ctx=self.capacity,
             )
         positions = np.arange(self.n_tokens, self.n_tokens + n, dtype=np.int32)
-        res = Reservation(positions, [], self.cur.copy())
-        full_slots = None  # every full layer is reserved and discarded alike: one search serves all
-        used = self.used
-        for layer, pos in enumerate(self.pos):
-            if not self.ring(layer):
-                if full_slots is None:
-                    full_slots = np.flatnonzero(pos < 0)[:n]
-                    full_end = int(full_slots[-1]) + 1 if full_slots.size else 0  # ascending: the last is the top
-                    if self.tallies is not None:
-                        self.tallies.clear(full_slots)
-                slots, end = full_slots, full_end
+        res = Reservation(positions, [None] * len(self.pos), self.cur.copy())
+        if self._full_layers:  # they are reserved and discarded alike: one search serves all
+            slots = np.flatnonzero(self.pos[self._full_layers[0]] < 0)[:n]
+            if self.tallies is not None:
+                self.tallies.clear(slots)
+            if n == 1:  # a decode step: scalar stores beat 30 fancy-index writes
+                slot, position = int(slots[0]), int(positions[0])
+                for layer in self._full_layers:
+                    self.pos[layer][slot] = position
+                    res.slots[layer] = slots
             else:
-                order = (self.cur[layer] + np.arange(self.caps[layer])) % self.caps[layer]
-                pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
-                slots = order[~pinned][:n]
-                self.cur[layer] = (slots[-1] + 1) % self.caps[layer]
-                end = int(slots.max()) + 1
+                for layer in self._full_layers:
+                    self.pos[layer][slots] = positions
+                    res.slots[layer] = slots
+            np.maximum(self.used, int(slots[-1]) + 1 if slots.size else 0, out=self.used, where=self._full_mask)
+        for layer in self._ring_layers:
+            pos, cap = self.pos[layer], self.caps[layer]
+            order = (self.cur[layer] + np.arange(cap)) % cap
+            pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
+            slots = order[~pinned][:n]
+            self.cur[layer] = (slots[-1] + 1) % cap
             pos[slots] = positions
-            if end > used[layer]:
-                used[layer] = end
-            res.slots.append(slots)
+            self.used[layer] = max(int(self.used[layer]), int(slots.max()) + 1)
+            res.slots[layer] = slots
         return res
 
     def layer_view(self, layer: int) -> LayerView:
