@@ -114,7 +114,11 @@ class StepScheduler:
             else:
                 self._decoding.discard(me)
                 self._prefill.append(item)
-            self._cv.notify_all()
+            if item.step is None or len(self._decode) == 1 or self._steps_ready():
+                # the model's thread has something to do or a wait to time; waking it for
+                # each token that leaves a step still incomplete only makes the sessions'
+                # threads queue behind it for the GIL
+                self._cv.notify()
         item.done.wait()
         if item.error is not None:
             raise item.error
