@@ -2,7 +2,8 @@
 
 Backends: `cpu` (Numba; the int8 dot-product LLVM-IR kernels where the CPU has them,
 AVX512-VNNI or else AVX2 on x86, sdot on Arm, the portable kernels elsewhere) and `cpu-portable`
-(always the portable kernels: a way to check them on any machine). A `cuda` backend is planned.
+(always the portable kernels: a way to check them on any machine). A `cuda` backend is being
+built (edgekv/cuda/, native/): asking for it says what this machine lacks, or that it is not built yet.
 Chosen by `backend=` (Llama, edgekv.load), `--backend` on the CLI, or EDGEKV_BACKEND;
 `auto` (the default) takes the best that runs here. A backend that was asked for and
 cannot run is an error naming the ones that can, never a silent fallback.
@@ -26,8 +27,19 @@ def why_unavailable(name: str) -> str | None:
     if name in ("cpu", "cpu-portable"):  # Numba runs wherever edgekv installs
         return None
     if name == "cuda":
-        return "the CUDA backend is not built yet"
+        return _why_not_cuda()
     return "no such backend"
+
+
+def _why_not_cuda() -> str:
+    from ..cuda import probe  # the driver and NVRTC are only looked for when CUDA is asked for
+
+    status = probe()
+    if status.problem:
+        return status.problem
+    d = status.devices[0]
+    return (f"found {d.name} (sm_{d.arch}, driver {status.driver}) and NVRTC {status.nvrtc}, but the CUDA "
+            "backend's forward pass is not built yet (its kernels are: native/); use --backend cpu")
 
 
 def available_backends() -> list[str]:

@@ -14,7 +14,7 @@ from .common import add_backend_option
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("info", parents=[common], help="show the version, CPU features, backend and kernels",
                        description="What edgekv runs with on this machine: version, CPU features found, backend, "
-                                   "threads, kernel cache folder; with -m also which kernel serves each weight "
+                                   "threads, kernel cache folder, CUDA driver, devices and NVRTC; with -m also which kernel serves each weight "
                                    "type of the model and what a token costs in each KV cache type.")
     p.add_argument("-m", "--model", default=None, help="GGUF file or catalog name to describe")
     add_backend_option(p)
@@ -25,8 +25,11 @@ def info(args: argparse.Namespace) -> int:
     from ..backends import get_backend
     from ..system_info import model_info, system_info
 
+    from ..cuda import probe
+
     backend = get_backend(args.backend)
     facts = system_info(backend)
+    facts.update(probe().lines())
     if args.model:
         from ..loader import load
 

@@ -1,0 +1,72 @@
+"""The CUDA path's plumbing: the driver, NVRTC and the native/ kernels, all without a build.
+
+How it works (DESIGN.md section 8): native/*.cu are compiled at first use by NVRTC for the
+exact architecture of the device found (a CUBIN, cached on disk: programs.py) and launched
+through the CUDA driver API; both libraries are opened with cffi in ABI mode (driver.py,
+nvrtc.py), so no compiler, no cudart and no toolkit/driver version pairing is needed: the
+same code runs on Jetson Orin (JetPack 5/6, sm_87) and on desktop GPUs.
+
+What lives here: `probe()` -> `CudaStatus`, what `edgekv info` reports and the backend
+choice asks (driver version, devices, NVRTC, and the first reason CUDA cannot be used).
+State of the work (issue 12): the driver, NVRTC, the compile cache and the kernels for
+weights (every GGUF type the CPU runs), norms, rope, activations and activation
+quantization exist and are tested on the CPU (tests/test_cuda.py: every source compiles
+for sm_87 and sm_90; the block arithmetic, built for the host, against gguf.quants). The
+CUDA backend's forward pass (device-resident activations and KV ring, attention, a decode
+step captured as a CUDA graph) is not built yet, so `--backend cuda` says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import EdgeKVError
+from .driver import CudaUnavailable, DeviceInfo, open_driver, version_text
+
+
+@dataclass
+class CudaStatus:
+    driver: str | None = None  # the driver's CUDA version ("12.6"); None without a driver
+    devices: list[DeviceInfo] = field(default_factory=list)
+    nvrtc: str | None = None  # "12.9 (path)"; None when not found
+    problem: str | None = None  # the first reason CUDA cannot be used here; None: it can
+
+    def lines(self) -> dict[str, str]:
+        """`edgekv info`'s CUDA lines."""
+        out = {"cuda driver": self.driver or "none"}
+        for d in self.devices:
+            out[f"cuda device {d.ordinal}"] = (f"{d.name}, sm_{d.arch}, {d.total_memory / 2**30:.1f} GiB, "
+                                               f"{d.multiprocessors} SMs, "
+                                               f"{'integrated (unified memory)' if d.integrated else 'discrete'}")
+        out["nvrtc"] = self.nvrtc or "not found"
+        if self.problem:
+            out["cuda"] = f"unavailable: {self.problem}"
+        return out
+
+
+def probe() -> CudaStatus:
+    """What CUDA this machine has; never raises for a missing piece (it is `problem`)."""
+    from .nvrtc import find_nvrtc
+
+    status = CudaStatus()
+    try:
+        driver = open_driver()
+        status.driver = version_text(driver.version)
+        status.devices = driver.devices()
+        if not status.devices:
+            status.problem = "the NVIDIA driver reports no CUDA device"
+    except CudaUnavailable as exc:
+        status.problem = str(exc)
+    try:
+        nvrtc = find_nvrtc()
+        status.nvrtc = f"{nvrtc.version[0]}.{nvrtc.version[1]} ({nvrtc.path})"
+        unsupported = [d for d in status.devices if d.arch not in nvrtc.supported_archs()]
+        if unsupported and status.problem is None:
+            status.problem = (f"NVRTC {status.nvrtc} cannot compile for {unsupported[0].name} (sm_{unsupported[0].arch}); "
+                              "for Jetson Orin use NVRTC 11.4-12.x (pip install 'edgekv[cuda]')")
+    except EdgeKVError as exc:
+        status.problem = status.problem or str(exc)
+    return status
+
+
+__all__ = ["CudaStatus", "CudaUnavailable", "DeviceInfo", "probe"]

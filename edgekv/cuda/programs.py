@@ -1,0 +1,90 @@
+"""The CUDA sources in native/, compiled at first use for the device's own architecture.
+
+What lives here: `native_dir` (EDGEKV_NATIVE_DIR, else the repository's native/), `sources`
+and `headers` (name -> text), `kernel_names` (the extern "C" kernels a source defines),
+and `cubin`: a source compiled by NVRTC for sm_XY, kept on disk next to the Numba kernels
+(kernel_cache_dir()/cuda) under a key of the source and header texts, the options, the
+NVRTC version and the architecture, so a changed source, another NVRTC or another GPU
+never reuses a stale binary. The file is written atomically; a damaged one is recompiled.
+What does not: NVRTC itself (nvrtc.py), loading the binary onto a device (driver.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from ..atomic_file import AtomicFile
+from ..kernels.jit_cache import kernel_cache_dir
+from .nvrtc import Nvrtc, NvrtcError
+
+OPTIONS: tuple[str, ...] = ()  # beyond nvrtc.compile's --gpu-architecture and --std
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+_DEFINE = re.compile(r"^#define(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
+_MACRO_KERNEL = re.compile(r"^EK_MATVEC_[QF]\((\w+),", re.MULTILINE)
+CUBIN_MAGIC = b"\x7fELF"
+
+
+def native_dir() -> Path:
+    given = os.environ.get("EDGEKV_NATIVE_DIR")
+    return Path(given) if given else Path(__file__).resolve().parents[2] / "native"
+
+
+def _texts(pattern: str) -> dict[str, str]:
+    folder = native_dir()
+    found = {p.name: p.read_text() for p in sorted(folder.glob(pattern))}
+    if not found:
+        raise NvrtcError(f"no CUDA sources ({pattern}) in {folder}: edgekv's native/ folder is missing "
+                         "(install from a clone of the repository, or set EDGEKV_NATIVE_DIR)")
+    return found
+
+
+def sources() -> dict[str, str]:
+    """native/*.cu: one concept per file (matvec, norms, rope, ...)."""
+    return _texts("*.cu")
+
+
+def headers() -> dict[str, str]:
+    """native/*.cuh, served to NVRTC by name for #include "..."."""
+    return _texts("*.cuh")
+
+
+def kernel_names(source: str) -> list[str]:
+    """The kernels a source exports by their C names (cuModuleGetFunction looks them up):
+    written out, or made by matvec.cu's EK_MATVEC_* macros."""
+    body = _DEFINE.sub("", source)  # a macro's own text is a pattern, not a kernel
+    return _KERNEL.findall(body) + _MACRO_KERNEL.findall(body)
+
+
+def cache_key(name: str, arch: int, nvrtc: Nvrtc) -> str:
+    h = hashlib.sha256()
+    for text in (sources()[name], *(f"{k}\0{v}" for k, v in headers().items()), " ".join(OPTIONS)):
+        h.update(text.encode())
+        h.update(b"\0")
+    return f"{Path(name).stem}-sm{arch}-nvrtc{nvrtc.version[0]}.{nvrtc.version[1]}-{h.hexdigest()[:16]}"
+
+
+def cubin(name: str, arch: int, nvrtc: Nvrtc, cache: Path | None = None) -> bytes:
+    """native/<name> compiled for sm_<arch>: from the disk cache, else compiled and stored.
+    NvrtcError if it does not compile (or compiles with warnings: the kernels are kept clean)."""
+    folder = cache or kernel_cache_dir() / "cuda"
+    path = folder / f"{cache_key(name, arch, nvrtc)}.cubin"
+    try:
+        data = path.read_bytes()
+        if data.startswith(CUBIN_MAGIC):
+            return data
+    except OSError:
+        pass
+    compiled = nvrtc.compile(sources()[name], name, arch, headers(), OPTIONS)
+    if compiled.log:
+        raise NvrtcError(f"{name} compiled for sm_{arch} with warnings (edgekv keeps its kernels warning-free):\n"
+                         f"{compiled.log}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with AtomicFile(path) as out:
+            out.write(compiled.cubin)
+    except OSError:  # a read-only cache is no reason to fail: the next start compiles again
+        pass
+    return compiled.cubin

@@ -1,0 +1,95 @@
+// Matrix-vector and small matrix products with the weights in their GGUF types.
+//
+// Quantized weights (every type of ek_blocks.cuh) multiply activations quantized to Q8_1
+// (quantize.cu): one warp per output row, its lanes taking the row's 32-value sub-blocks in
+// turn (__dp4a on the integers, four float operations per sub-block), then a warp sum.
+// blockDim = (32, EK_ROWS_PER_BLOCK): grid.x covers the rows, grid.y the tokens (a decode
+// step is one token; a short prefill chunk several, each reading the same weights, which
+// stay in L2). Float weights (F32, F16, BF16) multiply float activations the same way.
+#include "ek_blocks.cuh"
+
+#define EK_ROWS_PER_BLOCK 4
+
+template <int TYPE>
+__device__ __forceinline__ void ek_matvec_q(const ek_u8* __restrict__ w, const ek_block_q8_1* __restrict__ x,
+                                           float* __restrict__ out, int n_rows, int n_cols, int row_bytes) {
+    const int row = blockIdx.x * EK_ROWS_PER_BLOCK + threadIdx.y, tok = blockIdx.y;
+    if (row >= n_rows) return;
+    const int n_sub = n_cols / 32;
+    const ek_u8* w_row = w + (ek_u64)row * row_bytes;
+    const ek_block_q8_1* x_row = x + (ek_u64)tok * n_sub;
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < n_sub; s += EK_WARP) {
+        ek_sub32 u;
+        ek_unpack(TYPE, w_row, s, &u);
+        sum += ek_sub32_dot_q8_1(&u, x_row + s);
+    }
+    sum = ek_warp_sum(sum);
+    if (threadIdx.x == 0) out[(ek_u64)tok * n_rows + row] = sum;
+}
+
+#define EK_MATVEC_Q(name, type)                                                                          \
+    extern "C" __global__ void name(const ek_u8* w, const ek_block_q8_1* x, float* out, int n_rows, int n_cols, \
+                                    int row_bytes) {                                                     \
+        ek_matvec_q<type>(w, x, out, n_rows, n_cols, row_bytes);                                         \
+    }
+
+EK_MATVEC_Q(ek_matvec_q4_0, EK_Q4_0)
+EK_MATVEC_Q(ek_matvec_q4_1, EK_Q4_1)
+EK_MATVEC_Q(ek_matvec_q5_0, EK_Q5_0)
+EK_MATVEC_Q(ek_matvec_q5_1, EK_Q5_1)
+EK_MATVEC_Q(ek_matvec_q8_0, EK_Q8_0)
+EK_MATVEC_Q(ek_matvec_q4_K, EK_Q4_K)
+EK_MATVEC_Q(ek_matvec_q5_K, EK_Q5_K)
+EK_MATVEC_Q(ek_matvec_q6_K, EK_Q6_K)
+
+// weight element i of a float row
+template <int TYPE>
+__device__ __forceinline__ float ek_float_weight(const ek_u8* row, int i) {
+    if (TYPE == EK_F32) return ((const float*)row)[i];
+    const ek_u16 h = ((const ek_u16*)row)[i];
+    return TYPE == EK_F16 ? ek_half_to_float(h) : ek_bf16_to_float(h);
+}
+
+template <int TYPE>
+__device__ __forceinline__ void ek_matvec_f(const ek_u8* __restrict__ w, const float* __restrict__ x,
+                                           float* __restrict__ out, int n_rows, int n_cols, int row_bytes) {
+    const int row = blockIdx.x * EK_ROWS_PER_BLOCK + threadIdx.y, tok = blockIdx.y;
+    if (row >= n_rows) return;
+    const ek_u8* w_row = w + (ek_u64)row * row_bytes;
+    const float* x_row = x + (ek_u64)tok * n_cols;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n_cols; i += EK_WARP) sum += ek_float_weight<TYPE>(w_row, i) * x_row[i];
+    sum = ek_warp_sum(sum);
+    if (threadIdx.x == 0) out[(ek_u64)tok * n_rows + row] = sum;
+}
+
+#define EK_MATVEC_F(name, type)                                                                          \
+    extern "C" __global__ void name(const ek_u8* w, const float* x, float* out, int n_rows, int n_cols,   \
+                                    int row_bytes) {                                                     \
+        ek_matvec_f<type>(w, x, out, n_rows, n_cols, row_bytes);                                         \
+    }
+
+EK_MATVEC_F(ek_matvec_f32, EK_F32)
+EK_MATVEC_F(ek_matvec_f16, EK_F16)
+EK_MATVEC_F(ek_matvec_bf16, EK_BF16)
+
+// embedding lookup: out[t] = row ids[t] of w, dequantized; one block of 32 threads per
+// (token, sub-block) for the quantized types, per (token, 32 columns) for the float ones
+extern "C" __global__ void ek_get_rows(const ek_u8* w, int type, int row_bytes, const int* ids, float* out,
+                                       int n_cols) {
+    const int tok = blockIdx.y, s = blockIdx.x, i = threadIdx.x, col = 32 * s + i;
+    if (col >= n_cols) return;
+    const ek_u8* row = w + (ek_u64)ids[tok] * row_bytes;
+    float v;
+    ek_sub32 u;
+    if (ek_unpack(type, row, s, &u)) {
+        v = ek_sub32_value(&u, i);
+    } else if (type == EK_F32) {
+        v = ((const float*)row)[col];
+    } else {
+        const ek_u16 h = ((const ek_u16*)row)[col];
+        v = type == EK_F16 ? ek_half_to_float(h) : ek_bf16_to_float(h);
+    }
+    out[(ek_u64)tok * n_cols + col] = v;
+}

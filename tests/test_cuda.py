@@ -1,0 +1,258 @@
+"""The CUDA path without a GPU: every native/ source compiles with NVRTC for Jetson Orin
+(sm_87) and a datacenter GPU (sm_90) without a warning; the weight-block arithmetic the
+kernels share (native/ek_blocks.cuh), built for this CPU, agrees with gguf.quants; the
+compile cache keys and survives damage; and each way CUDA can be missing (no driver, no
+device, a stub or old driver, no NVRTC, an architecture NVRTC lacks) is the documented
+error, checked against a stand-in libcuda built from tests/data/fake_libcuda.c.
+
+NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel, a dev dependency (pyproject.toml), so
+these tests run in every `make test`; a machine with a GPU runs tools/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cffi
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from edgekv.backends import resolve_backend_name
+from edgekv.cli import main
+from edgekv.cuda import driver as cuda_driver
+from edgekv.cuda import probe, programs
+from edgekv.cuda.driver import CudaUnavailable, open_driver, pack_args
+from edgekv.cuda.nvrtc import NvrtcError, find_nvrtc
+from edgekv.errors import EdgeKVError
+
+NATIVE = Path(__file__).resolve().parents[1] / "native"
+ARCHS = (87, 90)  # Jetson Orin, H100/H200
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+K_QUANTS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # offsets of their f16 scales in a block
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    return find_nvrtc()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", sorted(p.name for p in NATIVE.glob("*.cu")))
+def test_every_source_compiles_for_orin_and_hopper_without_warnings(nvrtc, name, arch, tmp_path):
+    cubin = programs.cubin(name, arch, nvrtc, cache=tmp_path)  # raises on any warning
+    assert cubin.startswith(programs.CUBIN_MAGIC)
+    names = programs.kernel_names(programs.sources()[name])
+    assert names, f"{name} exports no kernel"
+    for kernel in names:  # extern "C": the symbol cuModuleGetFunction looks up is in the binary
+        assert kernel.encode() + b"\0" in cubin, f"{kernel} missing from {name}'s CUBIN"
+
+
+def test_matvec_exports_a_kernel_per_weight_type():
+    names = set(programs.kernel_names(programs.sources()["matvec.cu"]))
+    assert {f"ek_matvec_{t.lower().replace('_k', '_K')}" for t in QUANTIZED} | {"ek_matvec_f32", "ek_matvec_f16",
+                                                                                "ek_matvec_bf16"} <= names
+
+
+def test_the_cache_is_keyed_by_source_and_arch_and_survives_damage(nvrtc, tmp_path, monkeypatch):
+    first = programs.cubin("rope.cu", 87, nvrtc, cache=tmp_path)
+    files = list(tmp_path.glob("*.cubin"))
+    assert len(files) == 1 and "sm87" in files[0].name and f"nvrtc{nvrtc.version[0]}." in files[0].name
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(nvrtc, "compile", no_compile)
+    assert programs.cubin("rope.cu", 87, nvrtc, cache=tmp_path) == first  # from disk
+    monkeypatch.undo()
+    files[0].write_bytes(b"garbage")  # damaged: compiled again and replaced
+    assert programs.cubin("rope.cu", 87, nvrtc, cache=tmp_path) == first
+    assert files[0].read_bytes() == first
+    copy = tmp_path / "native"
+    shutil.copytree(NATIVE, copy)
+    (copy / "rope.cu").write_text((copy / "rope.cu").read_text() + "\n// changed\n")
+    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(copy))
+    programs.cubin("rope.cu", 87, nvrtc, cache=tmp_path)
+    assert len(list(tmp_path.glob("*.cubin"))) == 2  # a changed source never reuses the old binary
+
+
+def test_compile_errors_and_warnings_carry_the_log(nvrtc, tmp_path, monkeypatch):
+    with pytest.raises(NvrtcError, match=r"broken\.cu does not compile for sm_87[\s\S]*undefined_thing"):
+        nvrtc.compile('extern "C" __global__ void k(float* x) { x[0] = undefined_thing; }', "broken.cu", 87)
+    folder = tmp_path / "native"
+    shutil.copytree(NATIVE, folder)
+    (folder / "warn.cu").write_text('extern "C" __global__ void k(float* x) { int unused; x[0] = 1.0f; }\n')
+    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(folder))
+    with pytest.raises(NvrtcError, match=r"with warnings[\s\S]*unused"):
+        programs.cubin("warn.cu", 87, nvrtc, cache=tmp_path)
+    with pytest.raises(NvrtcError, match="cannot compile for sm_30.*Jetson Orin"):
+        nvrtc.compile("", "empty.cu", 30)
+
+
+def test_missing_nvrtc_says_how_to_get_it(monkeypatch):
+    monkeypatch.setenv("EDGEKV_NVRTC", "/nonexistent/libnvrtc.so.12")
+    with pytest.raises(NvrtcError, match=r"NVRTC \(libnvrtc.so\) not found.*edgekv\[cuda\]"):
+        find_nvrtc()
+
+
+# -- the driver, through a stand-in libcuda -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(Path(__file__).parent / "data" /
+                                                                      "fake_libcuda.c")], check=True)
+    return str(out)
+
+
+def test_no_driver_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("EDGEKV_LIBCUDA", "/nonexistent/libcuda.so.1")
+    with pytest.raises(CudaUnavailable, match="no NVIDIA driver.*JetPack.*--backend cpu"):
+        open_driver()
+    status = probe()
+    assert status.driver is None and status.devices == [] and "no NVIDIA driver" in status.problem
+
+
+@pytest.mark.parametrize("code, message", [(100, "found no CUDA device"), (34, "stub library"),
+                                           (35, "too old"), (999, "CUDA_ERROR_UNKNOWN")])
+def test_each_driver_refusal_names_its_cause(fake_libcuda, monkeypatch, code, message):
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.setenv("FAKE_CUDA_INIT", str(code))
+    with pytest.raises(CudaUnavailable, match=message):
+        open_driver()
+    with pytest.raises(EdgeKVError, match=f"backend 'cuda' cannot run here: .*{message}"):
+        resolve_backend_name("cuda")
+
+
+def test_a_device_is_described_and_the_backend_says_what_is_missing(fake_libcuda, monkeypatch, capsys):
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    drv = open_driver()
+    assert cuda_driver.version_text(drv.version) == "12.6"
+    (dev,) = drv.devices()
+    assert (dev.name, dev.capability, dev.arch, dev.total_memory, dev.integrated, dev.multiprocessors) == \
+        ("Fake Orin", (8, 7), 87, 8 << 30, True, 8)
+    status = probe()
+    assert status.problem is None and status.driver == "12.6"
+    with pytest.raises(EdgeKVError, match=r"found Fake Orin \(sm_87, driver 12.6\).*not built yet"):
+        resolve_backend_name("cuda")
+    assert resolve_backend_name("auto") == "cpu"  # auto only takes what runs
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "Fake Orin, sm_87, 8.0 GiB, 8 SMs, integrated (unified memory)" in out and "cuda driver" in out
+
+
+def test_kernel_arguments_are_packed_as_the_kernel_reads_them():
+    ffi = cffi.FFI()
+    params, holders = pack_args(ffi, "pifq", [0xDEADBEEF00, -7, 0.5, 2**40])
+    assert ffi.unpack(ffi.cast("unsigned long long *", params[0]), 1) == [0xDEADBEEF00]
+    assert ffi.unpack(ffi.cast("int *", params[1]), 1) == [-7]
+    assert ffi.unpack(ffi.cast("float *", params[2]), 1) == [0.5]
+    assert ffi.unpack(ffi.cast("unsigned long long *", params[3]), 1) == [2**40]
+    with pytest.raises(ValueError, match="takes 2 arguments"):
+        pack_args(ffi, "pi", [1])
+
+
+# -- the block arithmetic, built for this CPU -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """native/ek_blocks.cuh compiled by the system C++ compiler (no FMA contraction, as NumPy)."""
+    ffi = cffi.FFI()
+    ffi.cdef("""
+        int ek_host_unpack(int type, const unsigned char *row, int s, float *values);
+        float ek_host_dot(int type, const unsigned char *row, int s, const unsigned char *y);
+        float ek_host_half(unsigned short h);
+        float ek_host_bf16(unsigned short h);
+    """)
+    ffi.set_source("_ek_native_host", """
+        #include "ek_blocks.cuh"
+        extern "C" {
+        int ek_host_unpack(int type, const unsigned char *row, int s, float *values) {
+            ek_sub32 u;
+            if (!ek_unpack(type, row, s, &u)) return 0;
+            for (int i = 0; i < 32; ++i) values[i] = ek_sub32_value(&u, i);
+            return 1;
+        }
+        float ek_host_dot(int type, const unsigned char *row, int s, const unsigned char *y) {
+            ek_sub32 u;
+            ek_unpack(type, row, s, &u);
+            return ek_sub32_dot_q8_1(&u, (const ek_block_q8_1 *)y);
+        }
+        float ek_host_half(unsigned short h) { return ek_half_to_float(h); }
+        float ek_host_bf16(unsigned short h) { return ek_bf16_to_float(h); }
+        }
+    """, source_extension=".cpp", include_dirs=[str(NATIVE)], extra_compile_args=["-O1", "-ffp-contract=off"])
+    folder = tmp_path_factory.mktemp("native_host")
+    built = ffi.compile(tmpdir=str(folder))
+    spec = importlib.util.spec_from_file_location("_ek_native_host", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules.pop("_ek_native_host", None)
+    return module
+
+
+def test_half_and_bfloat16_conversions_are_exact_for_every_pattern(host):
+    bits = np.arange(65536, dtype=np.uint16)
+    halves = np.array([host.lib.ek_host_half(int(b)) for b in bits], np.float32)
+    want = bits.view(np.float16).astype(np.float32)
+    same = (halves.view(np.uint32) == want.view(np.uint32)) | (np.isnan(halves) & np.isnan(want))
+    assert same.all(), f"first wrong pattern {bits[~same][0]:#06x}"
+    for b in (0x3F80, 0xC000, 0x0001, 0x7F80):
+        assert np.float32(host.lib.ek_host_bf16(b)).view(np.uint32) == np.uint32(b) << 16
+
+
+def _weights(kind: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
+    """Rows of `kind` as GGUF stores them: quantized from floats, or (K-quants, which
+    gguf.quants cannot quantize) random codes with finite f16 scales."""
+    t = T[kind]
+    if kind not in K_QUANTS:
+        return quantize(rng.standard_normal((n_rows, n_cols)).astype(np.float32), t)
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    raw = rng.integers(0, 256, (n_rows, n_cols // block, size), dtype=np.uint8)
+    for at in K_QUANTS[kind]:
+        raw[..., at: at + 2] = (rng.uniform(0.001, 0.05, raw.shape[:2]).astype(np.float16)
+                                .view(np.uint8).reshape(*raw.shape[:2], 2))
+    return raw.reshape(n_rows, -1)
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_sub_blocks_unpack_to_gguf_quants_values_bit_for_bit(host, kind):
+    rng = np.random.default_rng(7)
+    rows = _weights(kind, 3, 512, rng)
+    want = dequantize(rows, T[kind])
+    ffi, lib = host.ffi, host.lib
+    got = np.zeros_like(want)
+    values = ffi.new("float[32]")
+    for r in range(rows.shape[0]):
+        row = np.ascontiguousarray(rows[r])
+        for s in range(512 // 32):
+            assert lib.ek_host_unpack(int(T[kind]), ffi.from_buffer(row), s, values)
+            got[r, 32 * s: 32 * s + 32] = ffi.unpack(values, 32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kind
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
+    # activations as Q8_1 blocks whose s = d * sum(q) is exact in f16 (d a power of two, |q| < 64),
+    # so the one rounding the block format adds is absent and the float64 sum is the reference
+    rng = np.random.default_rng(11)
+    row = np.ascontiguousarray(_weights(kind, 1, 256, rng)[0])
+    w = dequantize(row[None], T[kind])[0].astype(np.float64)
+    ffi, lib = host.ffi, host.lib
+    for s in range(8):
+        q = rng.integers(-63, 64, 32).astype(np.int8)
+        d = 2.0 ** -7
+        block = np.concatenate([np.array([d, d * int(q.astype(np.int64).sum())], np.float16).view(np.uint8),
+                                q.view(np.uint8)])
+        got = lib.ek_host_dot(int(T[kind]), ffi.from_buffer(row), s, ffi.from_buffer(block))
+        terms = w[32 * s: 32 * s + 32] * (d * q.astype(np.float64))
+        assert abs(got - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (kind, s, got, terms.sum())
