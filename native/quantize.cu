@@ -1,13 +1,7 @@
 // Activations to Q8_1 for the integer matvec (matvec.cu): per 32 values, d = max|x| / 127,
 // q = round(x / d), s = d * sum(q) (ggml's quantize_row_q8_1). One warp per block of 32:
 // blockDim.x = 32 * warps, grid.x covers the blocks of all tokens (n_tok * n_cols / 32).
-#include "ek_blocks.cuh"
-
-__device__ __forceinline__ ek_u16 ek_float_to_half(float f) {
-    ek_u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+#include "ek_kv.cuh"
 
 extern "C" __global__ void ek_quantize_q8_1(const float* __restrict__ x, ek_block_q8_1* __restrict__ y, int n_blocks) {
     const int b = blockIdx.x * (blockDim.x / EK_WARP) + threadIdx.x / EK_WARP, lane = threadIdx.x % EK_WARP;

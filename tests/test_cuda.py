@@ -172,10 +172,45 @@ def host(tmp_path_factory):
         float ek_host_dot(int type, const unsigned char *row, int s, const unsigned char *y);
         float ek_host_half(unsigned short h);
         float ek_host_bf16(unsigned short h);
+        unsigned short ek_host_to_half(float f);
+        unsigned short ek_host_to_bf16(float f);
+        void ek_host_kv_row(int type, const float *x, int n, float limit, unsigned char *row);
+        float ek_host_kv_element(int type, const unsigned char *row, int i);
+        void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
+                            int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
+                            int row_bytes_k, int row_bytes_v, float scale, float *out);
     """)
     ffi.set_source("_ek_native_host", """
-        #include "ek_blocks.cuh"
+        #include <cmath>
+        #include "ek_attention.cuh"
+        struct ek_one_lane {  // the host's stand-in for a warp: one lane owns every dim
+            static constexpr int lanes = 1;
+            int lane() const { return 0; }
+            float sum(float v) const { return v; }
+            float exp(float x) const { return expf(x); }
+        };
         extern "C" {
+        unsigned short ek_host_to_half(float f) { return ek_float_to_half(f); }
+        unsigned short ek_host_to_bf16(float f) { return ek_float_to_bf16(f); }
+        void ek_host_kv_row(int type, const float *x, int n, float limit, unsigned char *row) {
+            if (ek_kv_block_bytes(type)) {
+                for (int b = 0; b < n / 32; ++b) {
+                    float v[32];
+                    for (int k = 0; k < 32; ++k) v[k] = ek_clamp(x[32 * b + k], limit);
+                    ek_kv_store_block(type, v, row, b);
+                }
+            } else {
+                for (int i = 0; i < n; ++i) ek_kv_store_value(type, ek_clamp(x[i], limit), row, i);
+            }
+        }
+        float ek_host_kv_element(int type, const unsigned char *row, int i) { return ek_kv_element(type, row, i); }
+        void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
+                            int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
+                            int row_bytes_k, int row_bytes_v, float scale, float *out) {
+            ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, window, type_k, type_v, hd_k, hd_v,
+                                row_bytes_k, row_bytes_v, scale, out};
+            ek_attend_head(ek_one_lane(), a);
+        }
         int ek_host_unpack(int type, const unsigned char *row, int s, float *values) {
             ek_sub32 u;
             if (!ek_unpack(type, row, s, &u)) return 0;
@@ -256,3 +291,89 @@ def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
         got = lib.ek_host_dot(int(T[kind]), ffi.from_buffer(row), s, ffi.from_buffer(block))
         terms = w[32 * s: 32 * s + 32] * (d * q.astype(np.float64))
         assert abs(got - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (kind, s, got, terms.sum())
+
+
+CACHE_TYPES = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
+               "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+
+
+def _row_bytes(t, n: int) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    return n // block * size
+
+
+def _kv_rows(host, name: str, x: np.ndarray, limit: float = np.inf) -> np.ndarray:
+    t = CACHE_TYPES[name]
+    out = np.zeros((x.shape[0], _row_bytes(t, x.shape[1])), np.uint8)
+    for r in range(x.shape[0]):
+        row = np.ascontiguousarray(x[r], dtype=np.float32)
+        host.lib.ek_host_kv_row(int(t), host.ffi.from_buffer("float[]", row), row.size, limit,
+                                host.ffi.from_buffer(out[r]))
+    return out
+
+
+def test_float_to_half_and_bfloat16_round_to_nearest_even(host):
+    rng = np.random.default_rng(3)
+    bits = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+                           np.array([0x477FEFFF, 0x477FF000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
+                                     0x7F800000, 0xFF800000, 0x80000000, 0x00000001], np.uint32)])
+    x = bits.view(np.float32)
+    x = x[~np.isnan(x)]
+    halves = np.array([host.lib.ek_host_to_half(float(v)) for v in x], np.uint16)
+    with np.errstate(over="ignore"):  # NumPy warns as it rounds the large ones to inf, which is the test
+        assert np.array_equal(halves, x.astype(np.float16).view(np.uint16))
+    b16 = np.array([host.lib.ek_host_to_bf16(float(v)) for v in x[:20000]], np.uint16)
+    want = ((x[:20000].view(np.uint32).astype(np.uint64) + 0x7FFF + ((x[:20000].view(np.uint32) >> 16) & 1)) >> 16)
+    assert np.array_equal(b16, want.astype(np.uint16))
+
+
+@pytest.mark.parametrize("name", sorted(CACHE_TYPES))
+def test_kv_rows_are_written_as_gguf_quants_writes_them_and_read_back_in_place(host, name):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 128)) * rng.uniform(0.1, 30, (6, 1))).astype(np.float32)
+    rows = _kv_rows(host, name, x)
+    t = CACHE_TYPES[name]
+    want = {"f32": lambda: x.view(np.uint8), "f16": lambda: x.astype(np.float16).view(np.uint8),
+            "bf16": lambda: quantize(x, T.BF16)}.get(name, lambda: quantize(x, t))()
+    assert np.array_equal(rows, want.reshape(rows.shape)), name
+    values = dequantize(rows, t)
+    got = np.array([[host.lib.ek_host_kv_element(int(t), host.ffi.from_buffer(rows[r]), i) for i in range(128)]
+                    for r in range(rows.shape[0])], np.float32)
+    assert np.array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32)), name
+
+
+def test_kv_rows_saturate_at_the_limit_and_keep_nan(host):
+    x = np.array([[1e6, -1e6, np.nan] + [0.5] * 29], np.float32)
+    row = _kv_rows(host, "f16", x, limit=65504.0)
+    assert row.view(np.float16)[0, :2].tolist() == [65504.0, -65504.0] and np.isnan(row.view(np.float16)[0, 2])
+
+
+def _reference_attention(q, k, v, slot_pos, qp, window, scale):
+    visible = (slot_pos >= 0) & (slot_pos <= qp) & ((window == 0) | (qp - slot_pos < window))
+    scores = (k[visible].astype(np.float64) @ q.astype(np.float64)) * scale
+    p = np.exp(scores - scores.max())
+    return (p / p.sum()) @ v[visible].astype(np.float64)
+
+
+@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16"), ("q4_1", "q5_0"),
+                                            ("q5_1", "bf16"), ("f32", "q4_0")])
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
+    # a wrapped ring: positions out of storage order, empty slots, a slot beyond the query
+    rng = np.random.default_rng(9)
+    hd_k, hd_v, cap = 64, 96, 24
+    slot_pos = rng.permutation(np.arange(cap, dtype=np.int32) + 3).astype(np.int32)
+    slot_pos[[2, 11]] = -1
+    qp = int(slot_pos.max()) - 2  # the two newest slots are in the query's future
+    q = rng.standard_normal(hd_k).astype(np.float32)
+    k_rows = _kv_rows(host, type_k, rng.standard_normal((cap, hd_k)).astype(np.float32))
+    v_rows = _kv_rows(host, type_v, rng.standard_normal((cap, hd_v)).astype(np.float32))
+    k, v = dequantize(k_rows, CACHE_TYPES[type_k]), dequantize(v_rows, CACHE_TYPES[type_v])
+    out = np.zeros(hd_v, np.float32)
+    ffi = host.ffi
+    host.lib.ek_host_attend(ffi.from_buffer("float[]", q), ffi.from_buffer(k_rows), ffi.from_buffer(v_rows),
+                            ffi.from_buffer("int[]", slot_pos), cap, qp, window, int(CACHE_TYPES[type_k]),
+                            int(CACHE_TYPES[type_v]), hd_k, hd_v, k_rows.shape[1], v_rows.shape[1], 0.125,
+                            ffi.from_buffer("float[]", out))
+    want = _reference_attention(q, k, v, slot_pos, qp, window, 0.125)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()

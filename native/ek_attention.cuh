@@ -1,0 +1,63 @@
+// Attention of one query head over one layer's ring, any cache type for K and for V,
+// read in place (ek_kv_element), with an online softmax (one pass over the slots: the
+// running maximum m, the running sum l of exp(score - m), and the weighted sum of V,
+// rescaled whenever m grows). A slot is visible to a query at position qp when it holds a
+// position p with 0 <= p <= qp and, on a sliding-window layer, qp - p < window: the ring's
+// slot positions decide, so wrapped rings, shifted (re-rotated) keys and streamed-out slots
+// need nothing else. GQA: query head h reads KV head h / (n_heads / n_kv).
+//
+// Written once for a group of lanes W that share the work: on the device a warp (32 lanes,
+// each owning the dims lane, lane + 32, ...; scores summed across the warp), on the host
+// one lane owning every dim (tests/test_cuda.py runs it against a float64 reference).
+#pragma once
+#include "ek_kv.cuh"
+
+#define EK_MAX_HEAD_DIM 256
+
+EK_HD bool ek_visible(int p, int qp, int window) { return p >= 0 && p <= qp && (window == 0 || qp - p < window); }
+
+struct ek_attend_args {
+    const float* q;         // [hd_k], the query head (scale not applied)
+    const ek_u8* k;         // [cap, row_bytes_k]: the KV head's K rows
+    const ek_u8* v;         // [cap, row_bytes_v]
+    const int* slot_pos;    // [cap], -1: empty
+    int n_slots, qp, window, type_k, type_v, hd_k, hd_v, row_bytes_k, row_bytes_v;
+    float scale;
+    float* out;             // [hd_v]
+};
+
+template <class W>
+EK_HD void ek_attend_head(const W& w, const ek_attend_args& a) {
+    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
+    float q[per_lane], acc[per_lane];
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        q[i] = d < a.hd_k ? a.q[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -3.402823466e38f, l = 0.0f;
+    for (int s = 0; s < a.n_slots; ++s) {
+        if (!ek_visible(a.slot_pos[s], a.qp, a.window)) continue;
+        const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
+        float part = 0.0f;
+        for (int i = 0; i < per_lane; ++i) {
+            const int d = w.lane() + i * W::lanes;
+            if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
+        }
+        const float score = w.sum(part) * a.scale;
+        const float m_new = score > m ? score : m;
+        const float corr = w.exp(m - m_new), p = w.exp(score - m_new);
+        l = l * corr + p;
+        m = m_new;
+        const ek_u8* v_row = a.v + (ek_u64)s * a.row_bytes_v;
+        for (int i = 0; i < per_lane; ++i) {
+            const int d = w.lane() + i * W::lanes;
+            if (d < a.hd_v) acc[i] = acc[i] * corr + p * ek_kv_element(a.type_v, v_row, d);
+        }
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible slot: zeros (never happens in a pass)
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        if (d < a.hd_v) a.out[d] = acc[i] * inv;
+    }
+}
