@@ -210,8 +210,8 @@ EK_HD bool ek_unpack(int type, const ek_u8* row, int s, ek_sub32* o) {
 // value i (0..31) of an unpacked sub-block
 EK_HD float ek_sub32_value(const ek_sub32* u, int i) {
     const int q = (int)(ek_i8)(u->q[i / 4] >> (8 * (i % 4)));
-    const float v = (i < 16 ? u->a_lo : u->a_hi) * (float)q;
-    return u->b == 0.0f ? v : v + u->b;  // no + 0: ggml's d * q keeps the sign of a zero
+    const float v = EK_MUL(i < 16 ? u->a_lo : u->a_hi, (float)q);
+    return u->b == 0.0f ? v : EK_ADD(v, u->b);  // no + 0: ggml's d * q keeps the sign of a zero
 }
 
 // the dot product of an unpacked sub-block with a Q8_1 block of activations

@@ -16,6 +16,16 @@ typedef unsigned short ek_u16;
 typedef unsigned int ek_u32;
 typedef unsigned long long ek_u64;
 
+// a * b and a + b rounded separately (NVRTC contracts a * b + c into an FMA by default; the
+// quantizers and dequantizers must round as ggml's C reference does, so they say so here)
+#ifdef __CUDA_ARCH__
+#define EK_MUL(a, b) __fmul_rn((a), (b))
+#define EK_ADD(a, b) __fadd_rn((a), (b))
+#else
+#define EK_MUL(a, b) ((a) * (b))
+#define EK_ADD(a, b) ((a) + (b))
+#endif
+
 // IEEE half bits -> float (exact; subnormals, inf and NaN included)
 EK_HD float ek_half_to_float(ek_u16 h) {
 #ifdef __CUDA_ARCH__

@@ -79,14 +79,15 @@ EK_HD void ek_quantize_q8_0(const float* x, ek_u8* dst) {  // 34 bytes
     for (int j = 0; j < 32; ++j) amax = (x[j] < 0 ? -x[j] : x[j]) > amax ? (x[j] < 0 ? -x[j] : x[j]) : amax;
     const float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
     ek_store2(dst, ek_float_to_half(d));
-    for (int j = 0; j < 32; ++j) dst[2 + j] = (ek_u8)((int)ek_roundf(x[j] * inv) & 0xff);
+    for (int j = 0; j < 32; ++j) dst[2 + j] = (ek_u8)((int)ek_roundf(EK_MUL(x[j], inv)) & 0xff);
 }
 
 EK_HD void ek_quantize_q4_0(const float* x, ek_u8* dst) {  // 18 bytes
     const float d = ek_signed_absmax(x) / -8.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
     ek_store2(dst, ek_float_to_half(d));
     for (int j = 0; j < 16; ++j) {
-        const int q0 = ek_min_int(15, (int)(x[j] * inv + 8.5f)), q1 = ek_min_int(15, (int)(x[16 + j] * inv + 8.5f));
+        const int q0 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[j], inv), 8.5f)),
+                  q1 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[16 + j], inv), 8.5f));
         dst[2 + j] = (ek_u8)(q0 | (q1 << 4));
     }
 }
@@ -98,8 +99,8 @@ EK_HD void ek_quantize_q4_1(const float* x, ek_u8* dst) {  // 20 bytes
     ek_store2(dst, ek_float_to_half(d));
     ek_store2(dst + 2, ek_float_to_half(lo));
     for (int j = 0; j < 16; ++j) {
-        const int q0 = ek_min_int(15, (int)((x[j] - lo) * inv + 0.5f));
-        const int q1 = ek_min_int(15, (int)((x[16 + j] - lo) * inv + 0.5f));
+        const int q0 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[j] - lo, inv), 0.5f));
+        const int q1 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[16 + j] - lo, inv), 0.5f));
         dst[4 + j] = (ek_u8)(q0 | (q1 << 4));
     }
 }
@@ -108,8 +109,8 @@ EK_HD void ek_quantize_q4_1(const float* x, ek_u8* dst) {  // 20 bytes
 EK_HD void ek_put_q5(const float* x, float lo, float inv, float offset, ek_u8* dst) {
     ek_u32 qh = 0;
     for (int j = 0; j < 16; ++j) {
-        const int q0 = ek_min_int(31, (int)((x[j] - lo) * inv + offset));
-        const int q1 = ek_min_int(31, (int)((x[16 + j] - lo) * inv + offset));
+        const int q0 = ek_min_int(31, (int)EK_ADD(EK_MUL(x[j] - lo, inv), offset));
+        const int q1 = ek_min_int(31, (int)EK_ADD(EK_MUL(x[16 + j] - lo, inv), offset));
         dst[4 + j] = (ek_u8)((q0 & 15) | ((q1 & 15) << 4));
         qh |= ((ek_u32)((q0 >> 4) & 1) << j) | ((ek_u32)((q1 >> 4) & 1) << (j + 16));
     }
@@ -194,7 +195,7 @@ EK_HD float ek_kv_element(int type, const ek_u8* row, int i) {
         case EK_Q4_1: {
             const ek_u8* blk = row + 20 * b;
             const int q = j < 16 ? blk[4 + j] & 15 : blk[4 + j - 16] >> 4;
-            return ek_half_to_float(ek_load2(blk)) * (float)q + ek_half_to_float(ek_load2(blk + 2));
+            return EK_ADD(EK_MUL(ek_half_to_float(ek_load2(blk)), (float)q), ek_half_to_float(ek_load2(blk + 2)));
         }
         case EK_Q5_0: {
             const ek_u8* blk = row + 22 * b;
@@ -206,7 +207,7 @@ EK_HD float ek_kv_element(int type, const ek_u8* row, int i) {
             const ek_u8* blk = row + 24 * b;
             const int high = (ek_load4(blk + 4) >> j) & 1;
             const int q = (j < 16 ? blk[8 + j] & 15 : blk[8 + j - 16] >> 4) | (high << 4);
-            return ek_half_to_float(ek_load2(blk)) * (float)q + ek_half_to_float(ek_load2(blk + 2));
+            return EK_ADD(EK_MUL(ek_half_to_float(ek_load2(blk)), (float)q), ek_half_to_float(ek_load2(blk + 2)));
         }
         default: return 0.0f;
     }

@@ -60,6 +60,17 @@ def test_matvec_exports_a_kernel_per_weight_type():
                                                                                 "ek_matvec_bf16"} <= names
 
 
+def test_every_kernel_has_a_signature_the_launcher_packs():
+    # runtime.Device.launch packs arguments by these kinds, read from the declarations
+    for name, text in programs.sources().items():
+        signatures = programs.kernel_signatures(text)
+        assert set(signatures) == set(programs.kernel_names(text)), name
+        assert all(set(sig) <= set("pifq") and sig for sig in signatures.values()), signatures
+    assert programs.kernel_signatures(programs.sources()["matvec.cu"])["ek_matvec_q6_K"] == "pppiii"
+    assert programs.kernel_signatures(programs.sources()["attention.cu"])["ek_attention"] == "ppppp" + "iif" + "i" * 9 + "p"
+    assert programs.kernel_signatures(programs.sources()["activations.cu"])["ek_scale"] == "pfq"
+
+
 def test_the_cache_is_keyed_by_source_and_arch_and_survives_damage(nvrtc, tmp_path, monkeypatch):
     first = programs.cubin("rope.cu", 87, nvrtc, cache=tmp_path)
     files = list(tmp_path.glob("*.cubin"))

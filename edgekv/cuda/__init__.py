@@ -62,7 +62,8 @@ def probe() -> CudaStatus:
         status.nvrtc = f"{nvrtc.version[0]}.{nvrtc.version[1]} ({nvrtc.path})"
         unsupported = [d for d in status.devices if d.arch not in nvrtc.supported_archs()]
         if unsupported and status.problem is None:
-            status.problem = (f"NVRTC {status.nvrtc} cannot compile for {unsupported[0].name} (sm_{unsupported[0].arch}); "
+            d = unsupported[0]
+            status.problem = (f"NVRTC {status.nvrtc} cannot compile for {d.name} (sm_{d.arch}); "
                               "for Jetson Orin use NVRTC 11.4-12.x (pip install 'edgekv[cuda]')")
     except EdgeKVError as exc:
         status.problem = status.problem or str(exc)

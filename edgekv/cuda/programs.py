@@ -58,6 +58,35 @@ def kernel_names(source: str) -> list[str]:
     return _KERNEL.findall(body) + _MACRO_KERNEL.findall(body)
 
 
+def _kind(param: str) -> str:
+    # one kernel parameter's C declaration -> pack_args' kind letter
+    text = param.strip()
+    if "*" in text:
+        return "p"
+    base = text.split()[-2] if len(text.split()) >= 2 else ""
+    kinds = {"int": "i", "float": "f", "ek_u64": "q"}
+    if base not in kinds:
+        raise ValueError(f"kernel parameter {text!r} has a type the launcher cannot pack")
+    return kinds[base]
+
+
+def kernel_signatures(source: str) -> dict[str, str]:
+    """Each kernel of a source -> its parameters' kinds for driver.pack_args ('p' pointer,
+    'i' int, 'f' float, 'q' 64-bit), read from its declaration (or its macro's)."""
+    out = {}
+    macros = {m.group(1): m.group(2) for m in re.finditer(
+        r"#define\s+(EK_MATVEC_[QF])\(name, type\)[\s\S]*?void name\(([^)]*)\)", source)}
+    for name in kernel_names(source):
+        found = re.search(r"void\s+" + name + r"\s*\(([^)]*)\)", _DEFINE.sub("", source))
+        if found is None:
+            macro = re.search(r"^(EK_MATVEC_[QF])\(" + name + ",", source, re.MULTILINE).group(1)
+            params = macros[macro]
+        else:
+            params = found.group(1)
+        out[name] = "".join(_kind(p) for p in params.replace("\\", " ").split(","))
+    return out
+
+
 def cache_key(name: str, arch: int, nvrtc: Nvrtc) -> str:
     h = hashlib.sha256()
     for text in (sources()[name], *(f"{k}\0{v}" for k, v in headers().items()), " ".join(OPTIONS)):

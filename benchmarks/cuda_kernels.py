@@ -1,0 +1,129 @@
+"""Issue 12: the native/ kernels' speed on the GPU found, at the real models' shapes.
+
+Per kernel call (mean of 200 after 20 warm-up launches, one stream, synchronised at the
+end): the weight matvecs of one SmolLM2-135M and one gemma3-270M layer in their GGUF
+types, their output matrices, and attention over 4096 cached tokens with the f16, q8_0 and
+q4_0 caches. `per token` adds one layer's kernels times the layer count plus the output:
+a floor for a decode step on this GPU before launch overhead (what a CUDA graph removes).
+The weights are random, in the models' shapes and types; only time is measured here
+(tests/test_cuda_device.py checks the numbers).
+
+    python benchmarks/cuda_kernels.py        # prints a Markdown table; needs an NVIDIA GPU
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (name, rows, cols, type) per layer, and the output; SmolLM2: Q4_1 layers, Q8_0 output (tied)
+SHAPES = {
+    "smollm2-135m": dict(layers=30, heads=(9, 3, 64), matrices=[("qkv", 960, 576, "Q4_1"), ("o", 576, 576, "Q4_1"),
+                                                                  ("gate+up", 3072, 576, "Q4_1"),
+                                                                  ("down", 576, 1536, "Q4_1")],
+                         output=(49152, 576, "Q8_0")),
+    "gemma3-270m": dict(layers=18, heads=(4, 1, 256), matrices=[("qkv", 1536, 640, "Q5_0"), ("o", 640, 1024, "Q5_0"),
+                                                                 ("gate+up", 4096, 640, "Q4_K"),
+                                                                 ("down", 640, 2048, "Q6_K")],
+                        output=(262144, 640, "Q8_0")),
+}
+DEPTH = 4096
+CACHE_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def _time(dev, fn, n=200, warm=20) -> float:
+    for _ in range(warm):
+        fn()
+    dev.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dev.synchronize()
+    return (time.perf_counter() - t) / n
+
+
+def _weights(rows: int, cols: int, kind: str, rng) -> np.ndarray:
+    import gguf
+    from gguf.quants import quantize
+
+    t = gguf.GGMLQuantizationType[kind]
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):  # gguf.quants cannot quantize these: random codes, sane scales
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        for at in ((208,) if kind == "Q6_K" else (0, 2)):
+            raw[..., at: at + 2] = np.full(raw.shape[:2], 0.01, np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+        return raw.reshape(rows, -1)
+    return quantize(rng.standard_normal((rows, cols)).astype(np.float32), t)
+
+
+def matvec_us(dev, rows: int, cols: int, kind: str, rng) -> tuple[float, float]:
+    w = _weights(rows, cols, kind, rng)
+    wb = dev.upload(w)
+    x = dev.upload(rng.standard_normal(cols).astype(np.float32))
+    xq, out = dev.alloc(cols // 32 * 36), dev.alloc(rows * 4)
+    name = f"ek_matvec_{kind.lower().replace('_k', '_K')}"
+
+    def step():
+        dev.launch("ek_quantize_q8_1", ((cols // 32 + 7) // 8,), (256,), x, xq, cols // 32)
+        dev.launch(name, ((rows + 3) // 4, 1), (32, 4), wb, xq, out, rows, cols, w.shape[1])
+
+    s = _time(dev, step)
+    return s * 1e6, w.nbytes / s / 1e9
+
+
+def attention_us(dev, heads: tuple[int, int, int], cache: str, rng) -> float:
+    import gguf
+    from gguf.quants import quantize
+
+    n_heads, n_kv, hd = heads
+    t = gguf.GGMLQuantizationType[cache.upper()]
+    rows = quantize(rng.standard_normal((n_kv, DEPTH, hd)).astype(np.float32), t)
+    k, v = dev.upload(rows), dev.upload(rows)
+    q, out = dev.upload(rng.standard_normal((n_heads, hd)).astype(np.float32)), dev.alloc(n_heads * hd * 4)
+    pos = dev.upload(np.arange(DEPTH, dtype=np.int32))
+    qp = dev.upload(np.array([DEPTH - 1], np.int32))
+    rb = rows.shape[-1]
+    return _time(dev, lambda: dev.launch("ek_attention", (n_heads, 1), (32,), q, qp, k, v, pos, DEPTH, 0, 0.125,
+                                         int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb, out), n=50) * 1e6
+
+
+def main() -> int:
+    from edgekv.cuda.driver import CudaUnavailable
+    from edgekv.cuda.runtime import Device
+
+    try:
+        dev = Device()
+    except CudaUnavailable as exc:
+        print(f"cuda_kernels: no CUDA device here, nothing measured ({exc})")
+        return 0
+    rng = np.random.default_rng(0)
+    print(f"GPU: {dev.info.name} (sm_{dev.info.arch}, {dev.info.multiprocessors} SMs), NVRTC "
+          f"{dev.nvrtc.version[0]}.{dev.nvrtc.version[1]}\n")
+    print("| model | kernel | shape | type | us/call | GB/s (weights) |")
+    print("|---|---|---|---|---:|---:|")
+    for model, spec in SHAPES.items():
+        layer = 0.0
+        for name, rows, cols, kind in spec["matrices"]:
+            us, gbs = matvec_us(dev, rows, cols, kind, rng)
+            layer += us
+            print(f"| {model} | {name} | {rows}x{cols} | {kind} | {us:.1f} | {gbs:.0f} |")
+        rows, cols, kind = spec["output"]
+        out_us, gbs = matvec_us(dev, rows, cols, kind, rng)
+        print(f"| {model} | output | {rows}x{cols} | {kind} | {out_us:.1f} | {gbs:.0f} |")
+        for cache in CACHE_TYPES:
+            us = attention_us(dev, spec["heads"], cache, rng)
+            print(f"| {model} | attention d{DEPTH} | {spec['heads']} | {cache} | {us:.1f} | |")
+        floor = layer * spec["layers"] + out_us
+        print(f"| {model} | per token, matvecs only | {spec['layers']} layers + output | | {floor:.0f} | "
+              f"(<= {1e6 / floor:.0f} t/s) |")
+    dev.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
