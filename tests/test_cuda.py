@@ -388,3 +388,31 @@ def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
                             ffi.from_buffer("float[]", out))
     want = _reference_attention(q, k, v, slot_pos, qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
+
+
+def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, fake_libcuda, monkeypatch, capfd):
+    from edgekv import Llama
+    from edgekv import backends
+
+    monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
+    monkeypatch.setenv("EDGEKV_LIBCUDA", "/nonexistent/libcuda.so.1")
+    monkeypatch.setattr(backends, "_offload_said", False)
+    path = str(tiny_model())
+    quiet = Llama(path, n_ctx=64, n_gpu_layers=0, verbose=False)
+    assert capfd.readouterr().err == ""
+    llm = Llama(path, n_ctx=64, n_gpu_layers=-1, verbose=False)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n_gpu_layers=-1 asks for the GPU" in err[0] and "no NVIDIA driver" in err[0] \
+        and err[0].endswith("running on the CPU")
+    assert llm._model.backend.name == "cpu"
+    assert llm("hi", max_tokens=4, temperature=0)["choices"][0]["text"] == quiet("hi", max_tokens=4,
+                                                                                  temperature=0)["choices"][0]["text"]
+    Llama(path, n_ctx=64, n_gpu_layers=-1, verbose=False)  # said once per process
+    assert capfd.readouterr().err == ""
+    monkeypatch.setattr(backends, "_offload_said", False)
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)  # a device, and no CUDA forward pass yet
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    Llama(path, n_ctx=64, n_gpu_layers=99, verbose=False)
+    assert "found Fake Orin (sm_87" in capfd.readouterr().err
+    with pytest.raises(EdgeKVError, match="backend 'cuda' cannot run here"):  # asked by name: an error
+        Llama(path, n_ctx=64, backend="cuda")

@@ -16,7 +16,7 @@ from ..errors import EdgeKVError
 log = logging.getLogger("edgekv")
 
 IGNORED_OPTIONS = frozenset({
-    "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "use_mlock",
+    "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap", "use_mlock",
     "kv_overrides", "n_ubatch", "n_threads_batch", "rope_scaling_type", "pooling_type", "yarn_ext_factor",
     "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "flash_attn",
     "no_perf", "last_n_tokens_size", "numa", "embedding", "type_k", "type_v", "spm_infill",

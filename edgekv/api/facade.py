@@ -14,7 +14,8 @@ generation statistics (responses.py), save_state/load_state and state files
 Compatibility: where llama-cpp-python and edgekv overlap, names, defaults and response
 shapes are llama-cpp-python's, so switching is a change of import. Options edgekv cannot
 honour (grammars, mirostat, suffix, tools, ...) raise an EdgeKVError instead of being ignored;
-hardware options that mean nothing here (n_gpu_layers, use_mmap, ...) are accepted and logged.
+hardware options that mean nothing here (use_mmap, ...) are accepted and logged; n_gpu_layers asks for
+the GPU (backends.offload_choice).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..loader import load
 from ..sampling import LogitsProcessor, Sampler, sampler_for
 from ..session import Session
 from ..text.chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
+from ..backends import offload_choice
 from .compat import check_compat, check_options, log_to_stderr, set_threads
 from .completions import CompletionsMixin
 from .context_growth import ContextManager
@@ -70,7 +72,10 @@ class Llama(CompletionsMixin, StateMixin):
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
         minus the weights (context.default_mem_budget).
         backend: where the arithmetic runs: "auto", "cpu", "cpu-portable" (edgekv.backends);
-        None: EDGEKV_BACKEND, default auto."""
+        None: EDGEKV_BACKEND, default auto. n_gpu_layers (llama-cpp-python's): nonzero asks
+        for the GPU with backend auto; where CUDA cannot run, one line on stderr says why and
+        the model runs on the CPU (only whole-model offload is planned: any nonzero value)."""
+        backend = offload_choice(backend, options.pop("n_gpu_layers", 0))
         check_options(options)
         if verbose:
             log_to_stderr()

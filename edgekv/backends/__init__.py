@@ -14,6 +14,7 @@ The interface is backends/base.py, the kernel choices backends/kernel_map.py.
 from __future__ import annotations
 
 import os
+import sys
 
 from ..errors import EdgeKVError
 from .base import Backend, LayerView
@@ -40,6 +41,28 @@ def _why_not_cuda() -> str:
     d = status.devices[0]
     return (f"found {d.name} (sm_{d.arch}, driver {status.driver}) and NVRTC {status.nvrtc}, but the CUDA "
             "backend's forward pass is not built yet (its kernels are: native/); use --backend cpu")
+
+
+def offload_choice(backend: str | Backend | None, n_gpu_layers: int | None) -> str | Backend | None:
+    """llama-cpp-python's n_gpu_layers: nonzero (-1: all) asks for the GPU when the backend
+    is left to auto. Returns the backend to load with: "cuda" where it runs, else `backend`
+    unchanged, after one line on stderr saying why the GPU is not used (llama-cpp-python
+    falls back to the CPU silently, which its users cannot tell from a slow GPU)."""
+    global _offload_said
+    env = os.environ.get("EDGEKV_BACKEND", "").strip().lower()
+    if not n_gpu_layers or not (backend is None or backend == "auto") or env not in ("", "auto"):
+        return backend
+    reason = why_unavailable("cuda")
+    if reason is None:
+        return "cuda"
+    if not _offload_said:
+        print(f"edgekv: n_gpu_layers={n_gpu_layers} asks for the GPU, but CUDA cannot be used here: {reason}; "
+              "running on the CPU", file=sys.stderr)
+        _offload_said = True
+    return backend
+
+
+_offload_said = False  # the fallback line is printed once per process
 
 
 def available_backends() -> list[str]:
@@ -73,4 +96,5 @@ def get_backend(name: str | Backend | None = None) -> Backend:
     return _made[resolved]
 
 
-__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "get_backend", "resolve_backend_name"]
+__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "get_backend", "offload_choice",
+           "resolve_backend_name"]
