@@ -190,10 +190,13 @@ def host(tmp_path_factory):
         void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
                             int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
                             int row_bytes_k, int row_bytes_v, float scale, float *out);
+        void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
+                               const float *sin_t, const float *h, int r, float limit);
     """)
     ffi.set_source("_ek_native_host", """
         #include <cmath>
         #include "ek_attention.cuh"
+        #include "ek_shift.cuh"
         struct ek_one_lane {  // the host's stand-in for a warp: one lane owns every dim
             static constexpr int lanes = 1;
             int lane() const { return 0; }
@@ -221,6 +224,11 @@ def host(tmp_path_factory):
             ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, window, type_k, type_v, hd_k, hd_v,
                                 row_bytes_k, row_bytes_v, scale, out};
             ek_attend_head(ek_one_lane(), a);
+        }
+        void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
+                               const float *sin_t, const float *h, int r, float limit) {
+            ek_shift_args a = {type, hd, hd / 2, mode, r, limit, cos_t, sin_t, h};
+            ek_shift_row(row, a);
         }
         int ek_host_unpack(int type, const unsigned char *row, int s, float *values) {
             ek_sub32 u;
@@ -416,3 +424,37 @@ def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, f
     assert "found Fake Orin (sm_87" in capfd.readouterr().err
     with pytest.raises(EdgeKVError, match="backend 'cuda' cannot run here"):  # asked by name: an error
         Llama(path, n_ctx=64, backend="cuda")
+
+
+@pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1"])
+@pytest.mark.parametrize("mode", [0, 2])
+def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
+    # the row as the CPU cache stores it (a quantized type Hadamard-rotated), shifted by a
+    # RoPE angle per pair, against float64: undo H, rotate the pairs, apply H, store
+    from edgekv.row_transforms import rotation_for
+
+    rng = np.random.default_rng(12)
+    hd, t = 64, CACHE_TYPES[name]
+    h = rotation_for(name.startswith("q"), hd, largest=True)
+    x = rng.standard_normal((1, hd)).astype(np.float32)
+    stored = x @ h if h is not None else x
+    row = _kv_rows(host, name, stored.astype(np.float32))[0]
+    before = dequantize(row[None], t)[0].astype(np.float64)
+    ang = rng.uniform(-3, 3, hd // 2)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    ffi = host.ffi
+    hm = np.ascontiguousarray(h if h is not None else np.zeros((1, 1)), np.float32)
+    host.lib.ek_host_shift_row(ffi.from_buffer(row), int(t), hd, mode, ffi.from_buffer("float[]", cos),
+                               ffi.from_buffer("float[]", sin), ffi.from_buffer("float[]", hm),
+                               0 if h is None else h.shape[0], np.inf)
+    got = dequantize(row[None], t)[0].astype(np.float64)
+    v = before @ h if h is not None else before.copy()  # H @ H = I
+    a, b = (np.arange(32), np.arange(32) + 32) if mode == 2 else (np.arange(0, 64, 2), np.arange(1, 64, 2))
+    v[a], v[b] = v[a] * np.cos(ang) - v[b] * np.sin(ang), v[a] * np.sin(ang) + v[b] * np.cos(ang)
+    want = v @ h if h is not None else v
+    step = {"f32": 1e-5, "f16": 2e-3}.get(name, None)
+    if step is None:  # a quantized row may land one level away: the largest block scale
+        step = 1.01 * np.abs(want).max() / {"q8_0": 127, "q4_0": 8, "q5_1": 15.5}[name]
+        assert np.abs(got - want).max() <= step, (name, mode, np.abs(got - want).max())
+    else:
+        assert np.allclose(got, want, rtol=step, atol=step), (name, mode)

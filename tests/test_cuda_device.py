@@ -204,3 +204,33 @@ def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):
     graph = drv.end_capture(dev.stream)
     drv.launch_graph(graph, dev.stream)
     assert np.array_equal(dev.download(out, np.zeros((1, 64), np.float32)), uploaded)
+
+
+@pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0"])
+def test_a_context_shift_re_rotates_keys_on_the_device(dev, name):
+    from edgekv.row_transforms import rotation_for
+
+    rng = np.random.default_rng(13)
+    n_kv, hd, cap, t = 2, 64, 8, CACHE_TYPES[name]
+    h = rotation_for(name.startswith("q"), hd, largest=True)
+    x = rng.standard_normal((n_kv, cap, hd)).astype(np.float32)
+    ring = quantize((x @ h if h is not None else x).astype(np.float32), t)
+    slots = np.array([1, 4, 6], np.int32)
+    ang = rng.uniform(-3, 3, (3, hd // 2))
+    buf = dev.upload(ring)
+    hm = h if h is not None else np.zeros((1, 1))
+    dev.launch("ek_kv_shift", (1,), (32,), buf, dev.upload(slots), _f32(dev, np.cos(ang)), _f32(dev, np.sin(ang)),
+               _f32(dev, hm), 0 if h is None else h.shape[0], int(t), np.inf, 3, n_kv, hd, cap, ring.shape[-1],
+               hd // 2, 2)
+    got = dequantize(dev.download(buf, np.zeros_like(ring)), t).astype(np.float64)
+    before = dequantize(ring, t).astype(np.float64)
+    for j, slot in enumerate(slots):
+        v = before[:, slot] @ h if h is not None else before[:, slot].copy()
+        a, b = np.arange(32), np.arange(32) + 32
+        v[:, a], v[:, b] = (v[:, a] * np.cos(ang[j]) - v[:, b] * np.sin(ang[j]),
+                            v[:, a] * np.sin(ang[j]) + v[:, b] * np.cos(ang[j]))
+        want = v @ h if h is not None else v
+        step = 2e-3 * np.abs(want).max() if name == "f16" else 1.01 * np.abs(want).max() / (127 if name == "q8_0" else 8)
+        assert np.abs(got[:, slot] - want).max() <= step, (name, slot)
+    untouched = np.setdiff1d(np.arange(cap), slots)
+    assert np.array_equal(got[:, untouched], before[:, untouched])
