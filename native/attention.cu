@@ -17,21 +17,9 @@ extern "C" __global__ void ek_attention(const float* __restrict__ q, const int* 
                                         int type_k, int type_v, int n_heads, int n_kv, int hd_k, int hd_v, int cap,
                                         int row_bytes_k, int row_bytes_v, float* __restrict__ out) {
     const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_heads / n_kv);
-    ek_attend_args a;
-    a.q = q + ((ek_u64)t * n_heads + h) * hd_k;
-    a.k = k + (ek_u64)kv * cap * row_bytes_k;
-    a.v = v + (ek_u64)kv * cap * row_bytes_v;
-    a.slot_pos = slot_pos;
-    a.n_slots = n_slots;
-    a.qp = q_pos[t];
-    a.window = window;
-    a.type_k = type_k;
-    a.type_v = type_v;
-    a.hd_k = hd_k;
-    a.hd_v = hd_v;
-    a.row_bytes_k = row_bytes_k;
-    a.row_bytes_v = row_bytes_v;
-    a.scale = scale;
-    a.out = out + ((ek_u64)t * n_heads + h) * hd_v;
+    const ek_attend_args a = {q + ((ek_u64)t * n_heads + h) * hd_k, k + (ek_u64)kv * cap * row_bytes_k,
+                              v + (ek_u64)kv * cap * row_bytes_v, slot_pos, n_slots, q_pos[t], window, type_k,
+                              type_v, hd_k, hd_v, row_bytes_k, row_bytes_v, scale,
+                              out + ((ek_u64)t * n_heads + h) * hd_v};
     ek_attend_head(ek_warp(), a);
 }

@@ -140,29 +140,16 @@ EK_HD void ek_scale_min_k4(int j, const ek_u8* sc, int* scale, int* min) {
     }
 }
 
-// Q4_K: 64-value chunk c = j / 2 has 32 bytes; its low nibbles are sub-block 2c, high ones 2c + 1
-EK_HD void ek_unpack_q4_K(const ek_u8* row, int s, ek_sub32* o) {
-    const ek_u8* blk = row + (s / 8) * 144;
+// Q4_K and Q5_K: 64-value chunk c = j / 2 has 32 bytes of nibbles at qs; the low nibbles
+// are sub-block 2c, the high ones 2c + 1. Q5_K (qh != 0): bit j of qh[l] is the high bit
+// (16) of value l of sub-block j. block_bytes: 144 (Q4_K) or 176 (Q5_K)
+EK_HD void ek_unpack_k4(const ek_u8* row, int s, ek_sub32* o, int block_bytes, int qs_at, int qh_at) {
+    const ek_u8* blk = row + (s / 8) * block_bytes;
     const int j = s % 8;
-    const ek_u8* qs = blk + 16 + 32 * (j / 2);
+    const ek_u8* qs = blk + qs_at + 32 * (j / 2);
     for (int k = 0; k < 8; ++k) {
         const int w = ek_load4(qs + 4 * k);
-        o->q[k] = j % 2 ? ek_high_nibbles(w) : ek_low_nibbles(w);
-    }
-    int scale, min;
-    ek_scale_min_k4(j, blk + 4, &scale, &min);
-    o->a_lo = o->a_hi = ek_half_to_float(ek_load2(blk)) * (float)scale;
-    o->b = -ek_half_to_float(ek_load2(blk + 2)) * (float)min;
-}
-
-// Q5_K: as Q4_K, and bit j of qh[l] is the high bit (16) of value l of sub-block j
-EK_HD void ek_unpack_q5_K(const ek_u8* row, int s, ek_sub32* o) {
-    const ek_u8* blk = row + (s / 8) * 176;
-    const int j = s % 8;
-    const ek_u8* qs = blk + 48 + 32 * (j / 2);
-    for (int k = 0; k < 8; ++k) {
-        const int w = ek_load4(qs + 4 * k);
-        const int high = ek_byte_bits(ek_load4(blk + 16 + 4 * k), j, 4);
+        const int high = qh_at ? ek_byte_bits(ek_load4(blk + qh_at + 4 * k), j, 4) : 0;
         o->q[k] = (j % 2 ? ek_high_nibbles(w) : ek_low_nibbles(w)) | high;
     }
     int scale, min;
@@ -170,6 +157,9 @@ EK_HD void ek_unpack_q5_K(const ek_u8* row, int s, ek_sub32* o) {
     o->a_lo = o->a_hi = ek_half_to_float(ek_load2(blk)) * (float)scale;
     o->b = -ek_half_to_float(ek_load2(blk + 2)) * (float)min;
 }
+
+EK_HD void ek_unpack_q4_K(const ek_u8* row, int s, ek_sub32* o) { ek_unpack_k4(row, s, o, 144, 16, 0); }
+EK_HD void ek_unpack_q5_K(const ek_u8* row, int s, ek_sub32* o) { ek_unpack_k4(row, s, o, 176, 48, 16); }
 
 // Q6_K: half n = j / 4 of the super-block (ql + 64n, qh + 32n, scales + 8n); quarter r = j % 4
 // takes the low (r < 2) or high nibbles of ql[l + 32 (r % 2)] and bits 2r, 2r+1 of qh[l];

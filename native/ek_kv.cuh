@@ -92,12 +92,20 @@ EK_HD void ek_quantize_q4_0(const float* x, ek_u8* dst) {  // 18 bytes
     }
 }
 
-EK_HD void ek_quantize_q4_1(const float* x, ek_u8* dst) {  // 20 bytes
-    float lo, hi;
-    ek_min_max(x, &lo, &hi);
-    const float d = (hi - lo) / 15.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+// Q4_1 and Q5_1's block head: d = (max - min) / levels and m = min as halves at dst;
+// returns 1 / d (0 when d is 0) and the min in *lo
+EK_HD float ek_store_scale_min(const float* x, float levels, ek_u8* dst, float* lo) {
+    float hi;
+    ek_min_max(x, lo, &hi);
+    const float d = (hi - *lo) / levels;
     ek_store2(dst, ek_float_to_half(d));
-    ek_store2(dst + 2, ek_float_to_half(lo));
+    ek_store2(dst + 2, ek_float_to_half(*lo));
+    return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+EK_HD void ek_quantize_q4_1(const float* x, ek_u8* dst) {  // 20 bytes
+    float lo;
+    const float inv = ek_store_scale_min(x, 15.0f, dst, &lo);
     for (int j = 0; j < 16; ++j) {
         const int q0 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[j] - lo, inv), 0.5f));
         const int q1 = ek_min_int(15, (int)EK_ADD(EK_MUL(x[16 + j] - lo, inv), 0.5f));
@@ -124,11 +132,8 @@ EK_HD void ek_quantize_q5_0(const float* x, ek_u8* dst) {  // 22 bytes
 }
 
 EK_HD void ek_quantize_q5_1(const float* x, ek_u8* dst) {  // 24 bytes
-    float lo, hi;
-    ek_min_max(x, &lo, &hi);
-    const float d = (hi - lo) / 31.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
-    ek_store2(dst, ek_float_to_half(d));
-    ek_store2(dst + 2, ek_float_to_half(lo));
+    float lo;
+    const float inv = ek_store_scale_min(x, 31.0f, dst, &lo);
     ek_put_q5(x, lo, inv, 0.5f, dst + 4);
 }
 

@@ -10,15 +10,6 @@ extern "C" __global__ void ek_kv_shift(ek_u8* ring, const int* __restrict__ slot
     const int item = blockIdx.x * blockDim.x + threadIdx.x;
     if (item >= m * n_kv) return;
     const int j = item / n_kv, kv = item % n_kv;
-    ek_shift_args a;
-    a.type = type;
-    a.hd = hd;
-    a.half = half;
-    a.mode = mode;
-    a.r = r;
-    a.limit = limit;
-    a.cos_t = cos_t + (ek_u64)j * half;
-    a.sin_t = sin_t + (ek_u64)j * half;
-    a.h = h;
+    const ek_shift_args a = {type, hd, half, mode, r, limit, cos_t + (ek_u64)j * half, sin_t + (ek_u64)j * half, h};
     ek_shift_row(ring + ((ek_u64)kv * cap + slots[j]) * row_bytes, a);
 }

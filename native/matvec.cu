@@ -10,38 +10,21 @@
 
 #define EK_ROWS_PER_BLOCK 4
 
+// the dot products of a quantized row with a token's Q8_1 blocks: this lane's sub-blocks
 template <int TYPE>
-__device__ __forceinline__ void ek_matvec_q(const ek_u8* __restrict__ w, const ek_block_q8_1* __restrict__ x,
-                                           float* __restrict__ out, int n_rows, int n_cols, int row_bytes) {
-    const int row = blockIdx.x * EK_ROWS_PER_BLOCK + threadIdx.y, tok = blockIdx.y;
-    if (row >= n_rows) return;
-    const int n_sub = n_cols / 32;
-    const ek_u8* w_row = w + (ek_u64)row * row_bytes;
-    const ek_block_q8_1* x_row = x + (ek_u64)tok * n_sub;
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < n_sub; s += EK_WARP) {
-        ek_sub32 u;
-        ek_unpack(TYPE, w_row, s, &u);
-        sum += ek_sub32_dot_q8_1(&u, x_row + s);
+struct ek_quant_dot {
+    typedef ek_block_q8_1 input;
+    __device__ static ek_u64 input_stride(int n_cols) { return n_cols / 32; }
+    __device__ static float lane_part(const ek_u8* w_row, const ek_block_q8_1* x_row, int n_cols) {
+        float sum = 0.0f;
+        for (int s = threadIdx.x; s < n_cols / 32; s += EK_WARP) {
+            ek_sub32 u;
+            ek_unpack(TYPE, w_row, s, &u);
+            sum += ek_sub32_dot_q8_1(&u, x_row + s);
+        }
+        return sum;
     }
-    sum = ek_warp_sum(sum);
-    if (threadIdx.x == 0) out[(ek_u64)tok * n_rows + row] = sum;
-}
-
-#define EK_MATVEC_Q(name, type)                                                                          \
-    extern "C" __global__ void name(const ek_u8* w, const ek_block_q8_1* x, float* out, int n_rows, int n_cols, \
-                                    int row_bytes) {                                                     \
-        ek_matvec_q<type>(w, x, out, n_rows, n_cols, row_bytes);                                         \
-    }
-
-EK_MATVEC_Q(ek_matvec_q4_0, EK_Q4_0)
-EK_MATVEC_Q(ek_matvec_q4_1, EK_Q4_1)
-EK_MATVEC_Q(ek_matvec_q5_0, EK_Q5_0)
-EK_MATVEC_Q(ek_matvec_q5_1, EK_Q5_1)
-EK_MATVEC_Q(ek_matvec_q8_0, EK_Q8_0)
-EK_MATVEC_Q(ek_matvec_q4_K, EK_Q4_K)
-EK_MATVEC_Q(ek_matvec_q5_K, EK_Q5_K)
-EK_MATVEC_Q(ek_matvec_q6_K, EK_Q6_K)
+};
 
 // weight element i of a float row
 template <int TYPE>
@@ -51,28 +34,46 @@ __device__ __forceinline__ float ek_float_weight(const ek_u8* row, int i) {
     return TYPE == EK_F16 ? ek_half_to_float(h) : ek_bf16_to_float(h);
 }
 
+// the dot products of a float row (F32, F16, BF16) with a token's float activations
 template <int TYPE>
-__device__ __forceinline__ void ek_matvec_f(const ek_u8* __restrict__ w, const float* __restrict__ x,
-                                           float* __restrict__ out, int n_rows, int n_cols, int row_bytes) {
+struct ek_float_dot {
+    typedef float input;
+    __device__ static ek_u64 input_stride(int n_cols) { return n_cols; }
+    __device__ static float lane_part(const ek_u8* w_row, const float* x_row, int n_cols) {
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < n_cols; i += EK_WARP) sum += ek_float_weight<TYPE>(w_row, i) * x_row[i];
+        return sum;
+    }
+};
+
+// out[tok, row] = W[row] . x[tok]: one warp per row (threadIdx.y picks it), grid.y the token
+template <class DOT>
+__device__ __forceinline__ void ek_matvec(const ek_u8* __restrict__ w, const typename DOT::input* __restrict__ x,
+                                         float* __restrict__ out, int n_rows, int n_cols, int row_bytes) {
     const int row = blockIdx.x * EK_ROWS_PER_BLOCK + threadIdx.y, tok = blockIdx.y;
     if (row >= n_rows) return;
-    const ek_u8* w_row = w + (ek_u64)row * row_bytes;
-    const float* x_row = x + (ek_u64)tok * n_cols;
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < n_cols; i += EK_WARP) sum += ek_float_weight<TYPE>(w_row, i) * x_row[i];
-    sum = ek_warp_sum(sum);
+    const float sum = ek_warp_sum(DOT::lane_part(w + (ek_u64)row * row_bytes, x + tok * DOT::input_stride(n_cols),
+                                                 n_cols));
     if (threadIdx.x == 0) out[(ek_u64)tok * n_rows + row] = sum;
 }
 
-#define EK_MATVEC_F(name, type)                                                                          \
-    extern "C" __global__ void name(const ek_u8* w, const float* x, float* out, int n_rows, int n_cols,   \
+#define EK_MATVEC(name, DOT)                                                                             \
+    extern "C" __global__ void name(const ek_u8* w, const DOT::input* x, float* out, int n_rows, int n_cols,   \
                                     int row_bytes) {                                                     \
-        ek_matvec_f<type>(w, x, out, n_rows, n_cols, row_bytes);                                         \
+        ek_matvec<DOT>(w, x, out, n_rows, n_cols, row_bytes);                                            \
     }
 
-EK_MATVEC_F(ek_matvec_f32, EK_F32)
-EK_MATVEC_F(ek_matvec_f16, EK_F16)
-EK_MATVEC_F(ek_matvec_bf16, EK_BF16)
+EK_MATVEC(ek_matvec_q4_0, ek_quant_dot<EK_Q4_0>)
+EK_MATVEC(ek_matvec_q4_1, ek_quant_dot<EK_Q4_1>)
+EK_MATVEC(ek_matvec_q5_0, ek_quant_dot<EK_Q5_0>)
+EK_MATVEC(ek_matvec_q5_1, ek_quant_dot<EK_Q5_1>)
+EK_MATVEC(ek_matvec_q8_0, ek_quant_dot<EK_Q8_0>)
+EK_MATVEC(ek_matvec_q4_K, ek_quant_dot<EK_Q4_K>)
+EK_MATVEC(ek_matvec_q5_K, ek_quant_dot<EK_Q5_K>)
+EK_MATVEC(ek_matvec_q6_K, ek_quant_dot<EK_Q6_K>)
+EK_MATVEC(ek_matvec_f32, ek_float_dot<EK_F32>)
+EK_MATVEC(ek_matvec_f16, ek_float_dot<EK_F16>)
+EK_MATVEC(ek_matvec_bf16, ek_float_dot<EK_BF16>)
 
 // embedding lookup: out[t] = row ids[t] of w, dequantized; one block of 32 threads per
 // (token, sub-block) for the quantized types, per (token, 32 columns) for the float ones

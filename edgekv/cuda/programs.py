@@ -23,7 +23,7 @@ from .nvrtc import Nvrtc, NvrtcError
 OPTIONS: tuple[str, ...] = ()  # beyond nvrtc.compile's --gpu-architecture and --std
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 _DEFINE = re.compile(r"^#define(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
-_MACRO_KERNEL = re.compile(r"^EK_MATVEC_[QF]\((\w+),", re.MULTILINE)
+_MACRO_KERNEL = re.compile(r"^EK_MATVEC\((\w+),", re.MULTILINE)
 CUBIN_MAGIC = b"\x7fELF"
 
 
@@ -53,7 +53,7 @@ def headers() -> dict[str, str]:
 
 def kernel_names(source: str) -> list[str]:
     """The kernels a source exports by their C names (cuModuleGetFunction looks them up):
-    written out, or made by matvec.cu's EK_MATVEC_* macros."""
+    written out, or made by matvec.cu's EK_MATVEC macro."""
     body = _DEFINE.sub("", source)  # a macro's own text is a pattern, not a kernel
     return _KERNEL.findall(body) + _MACRO_KERNEL.findall(body)
 
@@ -75,11 +75,11 @@ def kernel_signatures(source: str) -> dict[str, str]:
     'i' int, 'f' float, 'q' 64-bit), read from its declaration (or its macro's)."""
     out = {}
     macros = {m.group(1): m.group(2) for m in re.finditer(
-        r"#define\s+(EK_MATVEC_[QF])\(name, type\)[\s\S]*?void name\(([^)]*)\)", source)}
+        r"#define\s+(EK_MATVEC)\(name, DOT\)[\s\S]*?void name\(([^)]*)\)", source)}
     for name in kernel_names(source):
         found = re.search(r"void\s+" + name + r"\s*\(([^)]*)\)", _DEFINE.sub("", source))
         if found is None:
-            macro = re.search(r"^(EK_MATVEC_[QF])\(" + name + ",", source, re.MULTILINE).group(1)
+            macro = re.search(r"^(EK_MATVEC)\(" + name + ",", source, re.MULTILINE).group(1)
             params = macros[macro]
         else:
             params = found.group(1)
