@@ -1,9 +1,10 @@
 """The CUDA path without a GPU: every native/ source compiles with NVRTC for Jetson Orin
-(sm_87) and a datacenter GPU (sm_90) without a warning; the weight-block arithmetic the
-kernels share (native/ek_blocks.cuh), built for this CPU, agrees with gguf.quants; the
-compile cache keys and survives damage; and each way CUDA can be missing (no driver, no
-device, a stub or old driver, no NVRTC, an architecture NVRTC lacks) is the documented
-error, checked against a stand-in libcuda built from tests/data/fake_libcuda.c.
+(sm_87) and a datacenter GPU (sm_90) without a warning and exports kernels the launcher can
+pack arguments for; the compile cache keys and survives damage; each way CUDA can be
+missing (no driver, no device, a stub or old driver, no NVRTC, an architecture NVRTC lacks)
+is the documented error, checked against a stand-in libcuda built from
+tests/data/fake_libcuda.c; n_gpu_layers falls back to the CPU saying why. The kernels'
+arithmetic, built for this CPU, is tests/test_cuda_host.py's.
 
 NVRTC comes from the `nvidia-cuda-nvrtc-cu12` wheel, a dev dependency (pyproject.toml), so
 these tests run in every `make test`; a machine with a GPU runs tools/gpu_check.sh.
@@ -11,18 +12,12 @@ these tests run in every `make test`; a machine with a GPU runs tools/gpu_check.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import cffi
-import gguf
-import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize, quantize
 
 from edgekv.backends import resolve_backend_name
 from edgekv.cli import main
@@ -32,10 +27,10 @@ from edgekv.cuda.driver import CudaUnavailable, open_driver, pack_args
 from edgekv.cuda.nvrtc import NvrtcError, find_nvrtc
 from edgekv.errors import EdgeKVError
 
+from test_cuda_host import QUANTIZED  # noqa: E402  (a sibling test module: tests/ is on sys.path)
+
 NATIVE = Path(__file__).resolve().parents[1] / "native"
 ARCHS = (87, 90)  # Jetson Orin, H100/H200
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-K_QUANTS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # offsets of their f16 scales in a block
 
 
 @pytest.fixture(scope="module")
@@ -172,233 +167,6 @@ def test_kernel_arguments_are_packed_as_the_kernel_reads_them():
         pack_args(ffi, "pi", [1])
 
 
-# -- the block arithmetic, built for this CPU -----------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    """native/ek_blocks.cuh compiled by the system C++ compiler (no FMA contraction, as NumPy)."""
-    ffi = cffi.FFI()
-    ffi.cdef("""
-        int ek_host_unpack(int type, const unsigned char *row, int s, float *values);
-        float ek_host_dot(int type, const unsigned char *row, int s, const unsigned char *y);
-        float ek_host_half(unsigned short h);
-        float ek_host_bf16(unsigned short h);
-        unsigned short ek_host_to_half(float f);
-        unsigned short ek_host_to_bf16(float f);
-        void ek_host_kv_row(int type, const float *x, int n, float limit, unsigned char *row);
-        float ek_host_kv_element(int type, const unsigned char *row, int i);
-        void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
-                            int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
-                            int row_bytes_k, int row_bytes_v, float scale, float *out);
-        void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
-                               const float *sin_t, const float *h, int r, float limit);
-    """)
-    ffi.set_source("_ek_native_host", """
-        #include <cmath>
-        #include "ek_attention.cuh"
-        #include "ek_shift.cuh"
-        struct ek_one_lane {  // the host's stand-in for a warp: one lane owns every dim
-            static constexpr int lanes = 1;
-            int lane() const { return 0; }
-            float sum(float v) const { return v; }
-            float exp(float x) const { return expf(x); }
-        };
-        extern "C" {
-        unsigned short ek_host_to_half(float f) { return ek_float_to_half(f); }
-        unsigned short ek_host_to_bf16(float f) { return ek_float_to_bf16(f); }
-        void ek_host_kv_row(int type, const float *x, int n, float limit, unsigned char *row) {
-            if (ek_kv_block_bytes(type)) {
-                for (int b = 0; b < n / 32; ++b) {
-                    float v[32];
-                    for (int k = 0; k < 32; ++k) v[k] = ek_clamp(x[32 * b + k], limit);
-                    ek_kv_store_block(type, v, row, b);
-                }
-            } else {
-                for (int i = 0; i < n; ++i) ek_kv_store_value(type, ek_clamp(x[i], limit), row, i);
-            }
-        }
-        float ek_host_kv_element(int type, const unsigned char *row, int i) { return ek_kv_element(type, row, i); }
-        void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
-                            int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
-                            int row_bytes_k, int row_bytes_v, float scale, float *out) {
-            ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, window, type_k, type_v, hd_k, hd_v,
-                                row_bytes_k, row_bytes_v, scale, out};
-            ek_attend_head(ek_one_lane(), a);
-        }
-        void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
-                               const float *sin_t, const float *h, int r, float limit) {
-            ek_shift_args a = {type, hd, hd / 2, mode, r, limit, cos_t, sin_t, h};
-            ek_shift_row(row, a);
-        }
-        int ek_host_unpack(int type, const unsigned char *row, int s, float *values) {
-            ek_sub32 u;
-            if (!ek_unpack(type, row, s, &u)) return 0;
-            for (int i = 0; i < 32; ++i) values[i] = ek_sub32_value(&u, i);
-            return 1;
-        }
-        float ek_host_dot(int type, const unsigned char *row, int s, const unsigned char *y) {
-            ek_sub32 u;
-            ek_unpack(type, row, s, &u);
-            return ek_sub32_dot_q8_1(&u, (const ek_block_q8_1 *)y);
-        }
-        float ek_host_half(unsigned short h) { return ek_half_to_float(h); }
-        float ek_host_bf16(unsigned short h) { return ek_bf16_to_float(h); }
-        }
-    """, source_extension=".cpp", include_dirs=[str(NATIVE)], extra_compile_args=["-O1", "-ffp-contract=off"])
-    folder = tmp_path_factory.mktemp("native_host")
-    built = ffi.compile(tmpdir=str(folder))
-    spec = importlib.util.spec_from_file_location("_ek_native_host", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules.pop("_ek_native_host", None)
-    return module
-
-
-def test_half_and_bfloat16_conversions_are_exact_for_every_pattern(host):
-    bits = np.arange(65536, dtype=np.uint16)
-    halves = np.array([host.lib.ek_host_half(int(b)) for b in bits], np.float32)
-    want = bits.view(np.float16).astype(np.float32)
-    same = (halves.view(np.uint32) == want.view(np.uint32)) | (np.isnan(halves) & np.isnan(want))
-    assert same.all(), f"first wrong pattern {bits[~same][0]:#06x}"
-    for b in (0x3F80, 0xC000, 0x0001, 0x7F80):
-        assert np.float32(host.lib.ek_host_bf16(b)).view(np.uint32) == np.uint32(b) << 16
-
-
-def _weights(kind: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
-    """Rows of `kind` as GGUF stores them: quantized from floats, or (K-quants, which
-    gguf.quants cannot quantize) random codes with finite f16 scales."""
-    t = T[kind]
-    if kind not in K_QUANTS:
-        return quantize(rng.standard_normal((n_rows, n_cols)).astype(np.float32), t)
-    block, size = gguf.GGML_QUANT_SIZES[t]
-    raw = rng.integers(0, 256, (n_rows, n_cols // block, size), dtype=np.uint8)
-    for at in K_QUANTS[kind]:
-        raw[..., at: at + 2] = (rng.uniform(0.001, 0.05, raw.shape[:2]).astype(np.float16)
-                                .view(np.uint8).reshape(*raw.shape[:2], 2))
-    return raw.reshape(n_rows, -1)
-
-
-@pytest.mark.parametrize("kind", QUANTIZED)
-def test_sub_blocks_unpack_to_gguf_quants_values_bit_for_bit(host, kind):
-    rng = np.random.default_rng(7)
-    rows = _weights(kind, 3, 512, rng)
-    want = dequantize(rows, T[kind])
-    ffi, lib = host.ffi, host.lib
-    got = np.zeros_like(want)
-    values = ffi.new("float[32]")
-    for r in range(rows.shape[0]):
-        row = np.ascontiguousarray(rows[r])
-        for s in range(512 // 32):
-            assert lib.ek_host_unpack(int(T[kind]), ffi.from_buffer(row), s, values)
-            got[r, 32 * s: 32 * s + 32] = ffi.unpack(values, 32)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kind
-
-
-@pytest.mark.parametrize("kind", QUANTIZED)
-def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
-    # activations as Q8_1 blocks whose s = d * sum(q) is exact in f16 (d a power of two, |q| < 64),
-    # so the one rounding the block format adds is absent and the float64 sum is the reference
-    rng = np.random.default_rng(11)
-    row = np.ascontiguousarray(_weights(kind, 1, 256, rng)[0])
-    w = dequantize(row[None], T[kind])[0].astype(np.float64)
-    ffi, lib = host.ffi, host.lib
-    for s in range(8):
-        q = rng.integers(-63, 64, 32).astype(np.int8)
-        d = 2.0 ** -7
-        block = np.concatenate([np.array([d, d * int(q.astype(np.int64).sum())], np.float16).view(np.uint8),
-                                q.view(np.uint8)])
-        got = lib.ek_host_dot(int(T[kind]), ffi.from_buffer(row), s, ffi.from_buffer(block))
-        terms = w[32 * s: 32 * s + 32] * (d * q.astype(np.float64))
-        assert abs(got - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (kind, s, got, terms.sum())
-
-
-CACHE_TYPES = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
-               "q5_0": T.Q5_0, "q5_1": T.Q5_1}
-
-
-def _row_bytes(t, n: int) -> int:
-    block, size = gguf.GGML_QUANT_SIZES[t]
-    return n // block * size
-
-
-def _kv_rows(host, name: str, x: np.ndarray, limit: float = np.inf) -> np.ndarray:
-    t = CACHE_TYPES[name]
-    out = np.zeros((x.shape[0], _row_bytes(t, x.shape[1])), np.uint8)
-    for r in range(x.shape[0]):
-        row = np.ascontiguousarray(x[r], dtype=np.float32)
-        host.lib.ek_host_kv_row(int(t), host.ffi.from_buffer("float[]", row), row.size, limit,
-                                host.ffi.from_buffer(out[r]))
-    return out
-
-
-def test_float_to_half_and_bfloat16_round_to_nearest_even(host):
-    rng = np.random.default_rng(3)
-    bits = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
-                           np.array([0x477FEFFF, 0x477FF000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
-                                     0x7F800000, 0xFF800000, 0x80000000, 0x00000001], np.uint32)])
-    x = bits.view(np.float32)
-    x = x[~np.isnan(x)]
-    halves = np.array([host.lib.ek_host_to_half(float(v)) for v in x], np.uint16)
-    with np.errstate(over="ignore"):  # NumPy warns as it rounds the large ones to inf, which is the test
-        assert np.array_equal(halves, x.astype(np.float16).view(np.uint16))
-    b16 = np.array([host.lib.ek_host_to_bf16(float(v)) for v in x[:20000]], np.uint16)
-    want = ((x[:20000].view(np.uint32).astype(np.uint64) + 0x7FFF + ((x[:20000].view(np.uint32) >> 16) & 1)) >> 16)
-    assert np.array_equal(b16, want.astype(np.uint16))
-
-
-@pytest.mark.parametrize("name", sorted(CACHE_TYPES))
-def test_kv_rows_are_written_as_gguf_quants_writes_them_and_read_back_in_place(host, name):
-    rng = np.random.default_rng(5)
-    x = (rng.standard_normal((6, 128)) * rng.uniform(0.1, 30, (6, 1))).astype(np.float32)
-    rows = _kv_rows(host, name, x)
-    t = CACHE_TYPES[name]
-    want = {"f32": lambda: x.view(np.uint8), "f16": lambda: x.astype(np.float16).view(np.uint8),
-            "bf16": lambda: quantize(x, T.BF16)}.get(name, lambda: quantize(x, t))()
-    assert np.array_equal(rows, want.reshape(rows.shape)), name
-    values = dequantize(rows, t)
-    got = np.array([[host.lib.ek_host_kv_element(int(t), host.ffi.from_buffer(rows[r]), i) for i in range(128)]
-                    for r in range(rows.shape[0])], np.float32)
-    assert np.array_equal(got.view(np.uint32), values.astype(np.float32).view(np.uint32)), name
-
-
-def test_kv_rows_saturate_at_the_limit_and_keep_nan(host):
-    x = np.array([[1e6, -1e6, np.nan] + [0.5] * 29], np.float32)
-    row = _kv_rows(host, "f16", x, limit=65504.0)
-    assert row.view(np.float16)[0, :2].tolist() == [65504.0, -65504.0] and np.isnan(row.view(np.float16)[0, 2])
-
-
-def _reference_attention(q, k, v, slot_pos, qp, window, scale):
-    visible = (slot_pos >= 0) & (slot_pos <= qp) & ((window == 0) | (qp - slot_pos < window))
-    scores = (k[visible].astype(np.float64) @ q.astype(np.float64)) * scale
-    p = np.exp(scores - scores.max())
-    return (p / p.sum()) @ v[visible].astype(np.float64)
-
-
-@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16"), ("q4_1", "q5_0"),
-                                            ("q5_1", "bf16"), ("f32", "q4_0")])
-@pytest.mark.parametrize("window", [0, 5])
-def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
-    # a wrapped ring: positions out of storage order, empty slots, a slot beyond the query
-    rng = np.random.default_rng(9)
-    hd_k, hd_v, cap = 64, 96, 24
-    slot_pos = rng.permutation(np.arange(cap, dtype=np.int32) + 3).astype(np.int32)
-    slot_pos[[2, 11]] = -1
-    qp = int(slot_pos.max()) - 2  # the two newest slots are in the query's future
-    q = rng.standard_normal(hd_k).astype(np.float32)
-    k_rows = _kv_rows(host, type_k, rng.standard_normal((cap, hd_k)).astype(np.float32))
-    v_rows = _kv_rows(host, type_v, rng.standard_normal((cap, hd_v)).astype(np.float32))
-    k, v = dequantize(k_rows, CACHE_TYPES[type_k]), dequantize(v_rows, CACHE_TYPES[type_v])
-    out = np.zeros(hd_v, np.float32)
-    ffi = host.ffi
-    host.lib.ek_host_attend(ffi.from_buffer("float[]", q), ffi.from_buffer(k_rows), ffi.from_buffer(v_rows),
-                            ffi.from_buffer("int[]", slot_pos), cap, qp, window, int(CACHE_TYPES[type_k]),
-                            int(CACHE_TYPES[type_v]), hd_k, hd_v, k_rows.shape[1], v_rows.shape[1], 0.125,
-                            ffi.from_buffer("float[]", out))
-    want = _reference_attention(q, k, v, slot_pos, qp, window, 0.125)
-    assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
-
-
 def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, fake_libcuda, monkeypatch, capfd):
     from edgekv import Llama
     from edgekv import backends
@@ -425,37 +193,3 @@ def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, f
     assert "found Fake Orin (sm_87" in capfd.readouterr().err
     with pytest.raises(EdgeKVError, match="backend 'cuda' cannot run here"):  # asked by name: an error
         Llama(path, n_ctx=64, backend="cuda")
-
-
-@pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1"])
-@pytest.mark.parametrize("mode", [0, 2])
-def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
-    # the row as the CPU cache stores it (a quantized type Hadamard-rotated), shifted by a
-    # RoPE angle per pair, against float64: undo H, rotate the pairs, apply H, store
-    from edgekv.row_transforms import rotation_for
-
-    rng = np.random.default_rng(12)
-    hd, t = 64, CACHE_TYPES[name]
-    h = rotation_for(name.startswith("q"), hd, largest=True)
-    x = rng.standard_normal((1, hd)).astype(np.float32)
-    stored = x @ h if h is not None else x
-    row = _kv_rows(host, name, stored.astype(np.float32))[0]
-    before = dequantize(row[None], t)[0].astype(np.float64)
-    ang = rng.uniform(-3, 3, hd // 2)
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    ffi = host.ffi
-    hm = np.ascontiguousarray(h if h is not None else np.zeros((1, 1)), np.float32)
-    host.lib.ek_host_shift_row(ffi.from_buffer(row), int(t), hd, mode, ffi.from_buffer("float[]", cos),
-                               ffi.from_buffer("float[]", sin), ffi.from_buffer("float[]", hm),
-                               0 if h is None else h.shape[0], np.inf)
-    got = dequantize(row[None], t)[0].astype(np.float64)
-    v = before @ h if h is not None else before.copy()  # H @ H = I
-    a, b = (np.arange(32), np.arange(32) + 32) if mode == 2 else (np.arange(0, 64, 2), np.arange(1, 64, 2))
-    v[a], v[b] = v[a] * np.cos(ang) - v[b] * np.sin(ang), v[a] * np.sin(ang) + v[b] * np.cos(ang)
-    want = v @ h if h is not None else v
-    step = {"f32": 1e-5, "f16": 2e-3}.get(name, None)
-    if step is None:  # a quantized row may land one level away: the largest block scale
-        step = 1.01 * np.abs(want).max() / {"q8_0": 127, "q4_0": 8, "q5_1": 15.5}[name]
-        assert np.abs(got - want).max() <= step, (name, mode, np.abs(got - want).max())
-    else:
-        assert np.allclose(got, want, rtol=step, atol=step), (name, mode)

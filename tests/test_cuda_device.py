@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from test_cuda import CACHE_TYPES, QUANTIZED, _reference_attention, _weights
+from test_cuda_host import CACHE_TYPES, QUANTIZED, _reference_attention, _weights
 
 pytestmark = pytest.mark.gpu
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12's GPU check, for a machine with an NVIDIA GPU, from a bare checkout (a few minutes):
 #   1. the machine: nvidia-smi, `edgekv info` (driver, device, NVRTC);
-#   2. tests/test_cuda.py (NVRTC compile checks, host-built block arithmetic, refusals) and
+#   2. tests/test_cuda.py and test_cuda_host.py (NVRTC compile checks, refusals, the kernels'
+#      arithmetic built for the host) and
 #      tests/test_cuda_device.py (every native/ kernel on the GPU against gguf.quants and
 #      float64; mapped host weights; a CUDA graph replay);
 #   3. benchmarks/cuda_kernels.py: the kernels' time at SmolLM2's and gemma3's shapes.
@@ -50,7 +51,7 @@ if ! "$PY" -c "import sys; from edgekv.cuda.nvrtc import find_nvrtc; sys.exit(87
     echo "(this machine's NVRTC does not target sm_87: its compile checks are left to make test)"
     select=(-k "not 87")
 fi
-"$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" "${select[@]}" tests/test_cuda.py tests/test_cuda_device.py
+"$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" "${select[@]}" tests/test_cuda.py tests/test_cuda_host.py tests/test_cuda_device.py
 
 echo "== kernels at the models' shapes"
 "$PY" benchmarks/cuda_kernels.py

@@ -12,10 +12,10 @@ State of the work (issue 12): the driver, NVRTC, the compile cache, a runtime th
 launches kernels by name (runtime.py) and the kernels (native/README.md: every GGUF weight
 type, norms, rope, activations, K/V write in the 8 cache types, attention over the ring,
 the context shift's re-rotation) exist and are tested on the CPU (tests/test_cuda.py: every
-source compiles for sm_87 and sm_90; the arithmetic, built for the host, against gguf.quants
-and float64) and, on a GPU, by tests/test_cuda_device.py through tools/gpu_check.sh. The
-CUDA backend's forward pass (device-resident activations and rings, a decode step captured
-as a CUDA graph) is not built yet, so `--backend cuda` says so.
+source compiles for sm_87 and sm_90; tests/test_cuda_host.py: the arithmetic, built for the
+host, against gguf.quants and float64) and, on a GPU, by tests/test_cuda_device.py through
+tools/gpu_check.sh. The CUDA backend's forward pass (device-resident activations and rings,
+a decode step captured as a CUDA graph) is not built yet, so `--backend cuda` says so.
 """
 
 from __future__ import annotations
