@@ -93,13 +93,13 @@ def profile(name: str, depth: int, repetitions: int) -> list[str]:
         scores[:] = saved
         deep._softmax(scores, probs, n_heads, depth, maxima)
 
-    deep._k_scores(qh, depth, k, pos, depth, 0, scale, scores, maxima)
+    deep._k_scores(qh, depth, k, v, pos, depth, 0, scale, scores, maxima)
     saved = scores.copy()
     parts = {
         "attention_f16 (whole; short contexts)": lambda: attention_f16(q.copy(), qpos, k, v, pos, depth, 0, scale,
                                                                        scores, pv, out),
         "attention_f16_deep (whole)": lambda: deep_layer(k, v),
-        "deep: K dots, masks, maxima": lambda: deep._k_scores(qh, depth, k, pos, depth, 0, scale, scores, maxima),
+        "deep: K dots, masks, maxima": lambda: deep._k_scores(qh, depth, k, v, pos, depth, 0, scale, scores, maxima),
         "deep: softmax and f16 weights": phase_softmax,
         "deep: V sums": lambda: deep._v_sums(saved, probs, v, n_heads, depth, lanes),
         "read K and V once (floor)": lambda: stream_read(k, v, depth),

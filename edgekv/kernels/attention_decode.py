@@ -22,8 +22,8 @@ scheduled differently, so every result is identical:
 - Work is shared out by KV head and slot chunk (K), by head (softmax) and by KV head and
   accumulator row (V); a GQA group's query heads use each K and V row, converted from
   f16 once, while it is in registers. At depth the rows are asked for ahead of use (the
-  prefetch constants in attention_deep_ir.py): in a real decode step each layer's cache
-  comes from DRAM.
+  prefetch constants in attention_deep_ir.py), V's during the K phase: in a real decode
+  step each layer's cache comes from DRAM.
 
 The one exception to "same bits" would be a CPU without FMA, where the scalar exp's
 fallback rounds twice: there the scalar softmax runs. The price of the new order is three
@@ -36,7 +36,8 @@ import numba as nb
 import numpy as np
 
 from .attention import _fold_lanes, _reduce16, dot_f16_4reg, softmax_numerators, visible
-from .attention_deep_ir import MAX_HEADS, _block_max, _scores_block, _v_block, softmax_numerators_16
+from .attention_deep_ir import (MAX_HEADS, V_AHEAD_SLOTS, _block_max, _scores_block, _v_block, prefetch_rows,
+                                softmax_numerators_16)
 from .config import EXACT_FLAGS
 from .fp16 import round_f16
 from .intrinsics import HAS_FMA
@@ -62,9 +63,10 @@ def fits(n_queries: int, n_slots: int, window: int, hd_k: int, hd_v: int) -> boo
 
 
 @nb.njit(**EXACT_PARALLEL)
-def _k_scores(q, qp, k_cache, slot_pos, n_slots, window, scale, scores, maxima):
+def _k_scores(q, qp, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, maxima):
     # scores[h, s] = q[h] . k[s] * scale for visible slots (-inf for the rest) in whole
-    # 16-slot blocks; maxima[h, c]: the largest score of chunk c (-inf if none)
+    # 16-slot blocks; maxima[h, c]: the largest score of chunk c (-inf if none). On the
+    # way, the V rows V_AHEAD_SLOTS ahead are asked for (the V phase reads them out of order)
     n_heads, n_kv = q.shape[0], k_cache.shape[0]
     end = n_slots - n_slots % 16
     group, n_chunks = n_heads // n_kv, (end + SLOT_CHUNK - 1) // SLOT_CHUNK
@@ -72,6 +74,7 @@ def _k_scores(q, qp, k_cache, slot_pos, n_slots, window, scale, scores, maxima):
         g, c = job // n_chunks, job % n_chunks
         lo, hi = c * SLOT_CHUNK, min(end, (c + 1) * SLOT_CHUNK)
         for s0 in range(lo, hi, 16):
+            prefetch_rows(v_cache[g], s0 + V_AHEAD_SLOTS, 16)
             for h0 in range(g * group, (g + 1) * group, MAX_HEADS):
                 _scores_block(q, h0, min(MAX_HEADS, (g + 1) * group - h0), k_cache[g], s0, scale, scores)
         for s in range(lo, hi):
@@ -121,7 +124,7 @@ def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, sc
     end = n_slots - n_slots % 16
     n_chunks = (end + SLOT_CHUNK - 1) // SLOT_CHUNK
     maxima = np.full((n_heads, n_chunks + 1), -np.inf, np.float32)
-    _k_scores(qh, qp, k_cache, slot_pos, n_slots, window, scale, scores, maxima)
+    _k_scores(qh, qp, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, maxima)
     for h in range(n_heads):  # the last partial block, one slot at a time
         m = -np.inf
         for s in range(end, n_slots):
