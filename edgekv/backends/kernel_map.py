@@ -17,7 +17,7 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | Q4_K Q5_K Q6_K            | int8 dot: gemm_k_ir.py whole-tile kernels  | gemm_k_ir.py, the same kernels:    | unpack.py tiles + BLAS            |
 |                           | (q8_K acts, llama.cpp's 3 orders); else    | llama.cpp's batch orders, exact    |                                   |
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
-| F32 F16 BF16              | matvec.py dot_float (x rounded like ggml)   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+| F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 A short chunk, or several sessions' decode steps run together (batch.py), takes the n < 64
 column token by token with each token's bits, but the int8-dot kernels read each weight

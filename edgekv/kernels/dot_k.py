@@ -19,7 +19,7 @@ so the mins and the -32 offset never touch the inner loop. Results land in acc[0
 float steps follow llama.cpp exactly (see dot_q.py for why). With the INT8DOT flag the
 integer sums k4_chunk_sums / q6_quarter_sums come from dot_k_ir.py instead (the same
 integers on the CPU's int8 dot instruction). What does not live here: the parallel loop
-(matvec.py).
+(matvec_drivers.py).
 """
 
 from __future__ import annotations

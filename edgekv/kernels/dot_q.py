@@ -18,7 +18,7 @@ lane's four values come from one uint32 word of the layout (repack.py), which LL
 turns into 16-bit SIMD multiply-adds (vpmaddwd, vpdpwssd with VNNI). The lane count comes from the array shape at run time
 on purpose: a compile-time 64 would make LLVM unroll the lane loop completely, and the
 unrolled form is not vectorized (the accumulators may alias the weights).
-What does not live here: the parallel loop over groups (matvec.py), K-quants (dot_k.py).
+What does not live here: the parallel loop over groups (matvec_drivers.py), K-quants (dot_k.py).
 """
 
 from __future__ import annotations

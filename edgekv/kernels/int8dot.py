@@ -2,7 +2,7 @@
 set this CPU has: AVX512-VNNI (vnni.py), else AVX2 (avx2.py), or Arm's sdot (sdot.py).
 
 What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
-`HAS_INT8DOT`, `TYPES`, and the drivers matvec.py calls: `matvec_chunks` (one token,
+`HAS_INT8DOT`, `TYPES`, and the drivers matvec_drivers.py calls: `matvec_chunks` (one token,
 llama.cpp's bits), `matvec_chunks_rows` (several tokens, each with those bits) and
 `gemm_chunks` (a long chunk); for the K-quants, `k4_sums` and
 `q6_runs`, the integer sums dot_k.py takes from dot_k_ir.py (K_TYPES). Only this CPU's ISA is ever compiled:

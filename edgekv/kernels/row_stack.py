@@ -14,7 +14,8 @@ import dataclasses
 import numpy as np
 
 from .int8dot import gemm_chunks
-from .matvec import QuantMatrix, _check, matvec_int8dot, matvec_int8dot_rows, quantize_chunk, thread_scratch
+from .matvec import QuantMatrix, _check, quantize_chunk, thread_scratch
+from .matvec_drivers import matvec_int8dot, matvec_int8dot_rows
 
 
 class RowStack:
