@@ -98,14 +98,16 @@ def test_fits_only_deep_single_queries_in_whole_chunks():
     assert not fits(2, 4096, 0, 64, 64)  # a chunk of queries sums in one register (tinyBLAS)
     assert not fits(1, DEPTH_MIN_SLOTS - 1, 0, 64, 64)
     assert not fits(1, 4096, 0, 80, 80) and not fits(1, 4096, 0, 64, 48)
-    # a sliding window that sees only part of its ring: attention_f16 skips what it cannot see
-    assert not fits(1, 1088, 512, 256, 256) and fits(1, 1024, 4096, 64, 64)
+    # a sliding window caps what the query sees: gemma3's local layers (512 of 1088) take
+    # it, a window below the switch does not, whatever the ring holds
+    assert fits(1, 1088, 512, 256, 256) and fits(1, 1024, 4096, 64, 64)
+    assert not fits(1, 4096, DEPTH_MIN_SLOTS - 1, 64, 64)
 
 
 @pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
 def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch, fixture):
     # the model's own decode at depth ~600 (past DEPTH_MIN_SLOTS, in every layer of
-    # SmolLM2 and gemma3's global ones; its local layers see 512 slots and stay plain)
+    # SmolLM2 and gemma3's; its local layers' window of 512 hides ~90 slots: skipped blocks)
     # with the deep kernel and with attention_f16 only:
     # bit-identical logits, step after step
     import edgekv.kernels.attention_decode as attention_decode
@@ -115,7 +117,7 @@ def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch
     prompt = [int(t) for t in np.random.default_rng(3).integers(100, 5000, 600)]
     calls = []
     deep_kernel = attention_decode.attention_f16_deep
-    monkeypatch.setattr(attention_decode, "attention_f16_deep", lambda *a: calls.append(a[5]) or deep_kernel(*a))
+    monkeypatch.setattr(attention_decode, "attention_f16_deep", lambda *a: calls.append(a[5:7]) or deep_kernel(*a))
 
     def run():
         s = model.session(n_ctx=1024)
@@ -127,7 +129,8 @@ def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch
         return np.array(logits)
 
     deep = run()
-    assert len(calls) >= 3 and min(calls) >= attention_decode.DEPTH_MIN_SLOTS  # it did run, at depth
+    assert len(calls) >= 3 and min(n for n, _ in calls) >= attention_decode.DEPTH_MIN_SLOTS  # it ran, at depth
+    assert any(window for _, window in calls) == (fixture == "gemma3_path")  # and on local layers
     monkeypatch.setattr(attention_decode, "DEPTH_MIN_SLOTS", 1 << 30)
     assert not attention_decode.fits(1, 1024, 0, 64, 64)
     calls.clear()

@@ -174,19 +174,27 @@ def _v_rows(n_heads):
                         for _ in range(n_heads)]
                 with cgutils.for_range(builder, count) as loop:
                     s = builder.add(row, builder.mul(loop.index, ir.Constant(i64, 64)))
-                    base = builder.add(builder.mul(s, hd), c0)
-                    ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
-                    for half in (0, 32):  # 64 halves: two cache lines
-                        prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
-                    v = [halves_to_float(builder, _load_vec(builder, va.data, builder.add(base, ir.Constant(i64, 16 * j)),
-                                                            V16S)) for j in range(4)]
-                    for g, h in enumerate(heads):
-                        num = builder.load(builder.gep(na.data, [builder.add(builder.mul(h, n_width), s)]))
-                        keep = builder.fcmp_unordered("!=", num, zero)
-                        w = splat(builder, builder.load(builder.gep(pa.data, [builder.add(builder.mul(h, p_width), s)])))
-                        for j in range(4):
-                            old = builder.load(accs[g][j])
-                            builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
+                    keeps = [builder.fcmp_unordered("!=", builder.load(builder.gep(
+                        na.data, [builder.add(builder.mul(h, n_width), s)])), zero) for h in heads]
+                    any_keep = keeps[0]
+                    for keep in keeps[1:]:
+                        any_keep = builder.or_(any_keep, keep)
+                    # a slot no head keeps (outside a sliding window, or underflowed) is
+                    # not read: adding nothing leaves the sums as they are
+                    with builder.if_then(any_keep, likely=True):
+                        base = builder.add(builder.mul(s, hd), c0)
+                        ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
+                        for half in (0, 32):  # 64 halves: two cache lines
+                            prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
+                        v = [halves_to_float(builder, _load_vec(builder, va.data,
+                                                                builder.add(base, ir.Constant(i64, 16 * j)), V16S))
+                             for j in range(4)]
+                        for g, (h, keep) in enumerate(zip(heads, keeps)):
+                            w = splat(builder,
+                                      builder.load(builder.gep(pa.data, [builder.add(builder.mul(h, p_width), s)])))
+                            for j in range(4):
+                                old = builder.load(accs[g][j])
+                                builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
                 for g, h in enumerate(heads):
                     out = builder.add(builder.mul(builder.add(builder.mul(h, ir.Constant(i64, 64)), row), hd), c0)
                     for j in range(4):
