@@ -326,4 +326,3 @@ def _v_block(numerators, probs, h0, n, v_head, r, n_slots, lanes):
         _v_rows_2(numerators, probs, h0, v_head, r, n_slots, lanes)
     else:
         _v_rows_1(numerators, probs, h0, v_head, r, n_slots, lanes)
-
