@@ -175,7 +175,14 @@ class KVCache:
             np.maximum(self.used, int(slots[-1]) + 1 if slots.size else 0, out=self.used, where=self._full_mask)
         for layer in self._ring_layers:
             pos, cap = self.pos[layer], self.caps[layer]
-            order = (self.cur[layer] + np.arange(cap)) % cap
+            cur = int(self.cur[layer])
+            if n == 1 and not 0 <= pos[cur] < self.n_keep:  # a decode step: the slot at cur, unless pinned
+                self.cur[layer] = (cur + 1) % cap
+                pos[cur] = positions[0]
+                self.used[layer] = max(int(self.used[layer]), cur + 1)
+                res.slots[layer] = np.array([cur])
+                continue
+            order = (cur + np.arange(cap)) % cap
             pinned = (pos[order] >= 0) & (pos[order] < self.n_keep)
             slots = order[~pinned][:n]
             self.cur[layer] = (slots[-1] + 1) % cap
