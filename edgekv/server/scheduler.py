@@ -43,13 +43,21 @@ class _Pending:
 
     def __init__(self, thread: int, step: DecodeStep | None = None, run: Callable[[], None] | None = None):
         self.thread, self.step, self.run = thread, step, run
-        self.done = threading.Event()
+        # held until finish(): a bare lock, not an Event, whose wait allocates a lock and
+        # takes two more every time (a session's thread waits once per token)
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self.error: BaseException | None = None
         self.since = time.monotonic()
 
     def finish(self, error: BaseException | None = None) -> None:
         self.error = error
-        self.done.set()
+        if self._pending.locked():
+            self._pending.release()
+
+    def wait(self) -> None:
+        """Until finish() (on the model's thread or by stop())."""
+        self._pending.acquire()
 
 
 class StepScheduler:
@@ -119,7 +127,7 @@ class StepScheduler:
                 # each token that leaves a step still incomplete only makes the sessions'
                 # threads queue behind it for the GIL
                 self._cv.notify()
-        item.done.wait()
+        item.wait()
         if item.error is not None:
             raise item.error
 
