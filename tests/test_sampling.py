@@ -158,6 +158,48 @@ def test_greedy_sees_bias_and_penalties():
     assert Sampler(SamplingParams(temperature=0, logit_bias={2: 10.0})).sample(logits) == 2
 
 
+def _biased(logits, bias):
+    # the reference: a biased copy, as the general path makes it
+    buf = logits.copy()
+    apply_logit_bias(buf, bias)
+    return buf
+
+
+def test_greedy_with_a_bias_alone_skips_the_copy_and_picks_the_same_token():
+    # the fast path (no copy) against argmax of a biased copy, over the cases it must get
+    # right: the top id banned, a bias that lifts an id into a tie (the lower index wins),
+    # negative, positive and -inf biases, string keys, an id biased twice as "5" and 5
+    rng = np.random.default_rng(3)
+    cases = []
+    for seed in range(40):
+        logits = random_logits(seed)
+        top = int(np.argmax(logits))
+        lo = int(rng.integers(0, top + 1))
+        gap = float(logits[top] - logits[lo])
+        cases += [(logits, {top: -math.inf}), (logits, {top: -math.inf, 7: 0.5, 9: 30.0}),
+                  (logits, {lo: gap}), (logits, {str(lo): gap, top + 1 if top + 1 < N_VOCAB else 0: gap + 1.0}),
+                  (logits, {3: -2.0, 4: 2.0}), (logits, {"5": 100.0, 5: -300.0}), (logits, {})]
+    tied = np.zeros(N_VOCAB, np.float32)
+    cases += [(tied, {}), (tied, {0: -1.0}), (tied, {500: 0.0}), (tied, {2: 1.0, 1: 1.0})]
+    fast = 0
+    for logits, bias in cases:
+        sampler = Sampler(SamplingParams(temperature=0, logit_bias=bias))
+        token = sampler.sample(logits, [1, 2, 3])
+        assert token == int(np.argmax(_biased(logits, bias))), bias
+        fast += sampler._buf is None  # the fast path leaves the buffer unmade until asked for
+        # log-probs read last_logits: the biased logits, made on request
+        np.testing.assert_array_equal(sampler.last_logits, _biased(logits, bias))
+    assert fast >= len(cases) // 2
+
+
+def test_greedy_with_penalties_or_processors_takes_the_general_path():
+    logits = np.array([5.0, 4.0, 3.0], np.float32)
+    sampler = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0, logit_bias={1: 0.5}))
+    assert sampler.sample(logits, [0]) == 1 and sampler._buf is not None
+    sampler = Sampler(SamplingParams(temperature=0), processors=[lambda ids, x: x[::-1].copy()])
+    assert sampler.sample(logits) == 2
+
+
 def test_sampler_leaves_the_input_logits_alone():
     logits = random_logits(7)
     before = logits.copy()
