@@ -75,23 +75,42 @@ def _reduce16(v):
 
 
 @nb.njit(**EXACT_FLAGS)
-def _fold_lanes(lanes, n_regs=4):
-    # GGML_F32x16_REDUCE of 4 accumulators lanes[4, 16, m] -> lanes[0, :, m] summed over
-    # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16.
-    # n_regs < 4: registers n_regs.. were never written (left +0, never read): the same sums
-    # without adding their zeros, which changes no bit (an FMA-accumulated sum starting at
-    # +0 is never -0, and x + +0 == x for every other x, inf and NaN included)
+def _fold_lanes(lanes, m, n_regs=4):
+    # GGML_F32x16_REDUCE of 4 accumulators lanes[4, 16, >= m] -> lanes[0, :, :m] summed over
+    # registers as (0+2) + (1+3); the caller reduces the 16 lanes with _reduce16 or
+    # _reduce16_rows. n_regs < 4: registers n_regs.. were never written (left +0, never
+    # read): the same sums without adding their zeros, which changes no bit (an
+    # FMA-accumulated sum starting at +0 is never -0, and x + +0 == x for every other x, inf
+    # and NaN included). lanes C-contiguous: whole rows, so the loops over e vectorize.
     for l in range(16):
         r0, r1, r2, r3 = lanes[0, l], lanes[1, l], lanes[2, l], lanes[3, l]
         if n_regs == 4:
-            for e in range(lanes.shape[2]):
+            for e in range(m):
                 r0[e] = np.float32(np.float32(r0[e] + r2[e]) + np.float32(r1[e] + r3[e]))
         elif n_regs == 3:
-            for e in range(lanes.shape[2]):
+            for e in range(m):
                 r0[e] = np.float32(np.float32(r0[e] + r2[e]) + r1[e])
         elif n_regs == 2:
-            for e in range(lanes.shape[2]):
+            for e in range(m):
                 r0[e] = np.float32(r0[e] + r1[e])
+
+
+@nb.njit(**EXACT_FLAGS)
+def _reduce16_rows(rows, out):
+    # out[e] = _reduce16(rows[:, e]) for e < out.size, the same adds with e innermost
+    # (rows: f32[16, >= out.size] C-contiguous, overwritten)
+    m = out.shape[0]
+    for i in range(8):
+        a, b = rows[i], rows[i + 8]
+        for e in range(m):
+            a[e] = np.float32(b[e] + a[e])
+    for i in range(4):
+        a, b = rows[i], rows[i + 4]
+        for e in range(m):
+            a[e] = np.float32(b[e] + a[e])
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    for e in range(m):
+        out[e] = np.float32(np.float32(r0[e] + r2[e]) + np.float32(r1[e] + r3[e]))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -199,7 +218,9 @@ def attend_head(q, qp, k_rows, v_rows, slot_pos, n_slots, window, scale, row, la
     denom = softmax_numerators(row, n_slots, m)
     inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
     n_regs = 1 if one_register else min(4, (n_slots + 15) // 16)  # the registers slots reach
-    lanes[:n_regs, :, :hd_v] = 0.0
+    for j in range(n_regs):
+        for l in range(16):
+            lanes[j, l, :hd_v] = 0.0
     for s in range(n_slots):
         if row[s] != 0.0:
             w = round_f16(row[s] * inv)
@@ -207,9 +228,8 @@ def attend_head(q, qp, k_rows, v_rows, slot_pos, n_slots, window, scale, row, la
             acc, v_row = lanes[j, l], v_rows[s]
             for e in range(hd_v):
                 acc[e] = fma(w, f16_to_f32(v_row[e]), acc[e])
-    _fold_lanes(lanes[:, :, :hd_v], n_regs)
-    for e in range(hd_v):
-        out[e] = _reduce16(lanes[0, :, e])
+    _fold_lanes(lanes, hd_v, n_regs)
+    _reduce16_rows(lanes[0], out)
 
 
 @nb.njit(**PARALLEL_FLAGS)

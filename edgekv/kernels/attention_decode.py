@@ -150,6 +150,6 @@ def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, sc
     _softmax(scores, probs, n_heads, n_slots, maxima)
     _v_sums(scores, probs, v_cache, n_heads, n_slots, lanes)
     for h in range(n_heads):
-        _fold_lanes(lanes[h])
+        _fold_lanes(lanes[h], lanes.shape[3])
         for e in range(hd_v):
             out[0, h, e] = _reduce16(lanes[h, 0, :, e])
