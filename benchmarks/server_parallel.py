@@ -8,8 +8,9 @@ For each catalog model:
   last stream's first token to the first stream's last: llama-batched-bench's S_TG, which
   prefills every prompt before it decodes), and over the whole run (generated tokens over
   the longest generation time: the other prompts' prefill chunks and the smaller batches
-  while streams start and end included). Target: 4 streams >= 2x one stream. Also the same through HTTP (a server in this process,
-  streaming clients in this process too: they take CPU from it, so these figures are lower).
+  while streams start and end included). Target: 4 streams >= 2x one stream. Also the
+  same through HTTP (a server in this process, streaming clients in this process too: they
+  take CPU from it, so these figures are lower).
 - time to first token of a request (a 100-token prompt) on an idle server, and arriving
   while 3 other streams are generating (HTTP). Target: busy within 2x of idle.
 llama.cpp's side, same run: llama-batched-bench on the same GGUF (-npp 16 -ntg 64
