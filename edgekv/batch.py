@@ -45,6 +45,13 @@ class CacheBatch:
             raise ValueError(f"sessions decoded together must share their context size, got {sorted(capacities)}")
         self.caches = list(caches)
         self.capacity = capacities.pop()
+        self._rings: SessionRings | None = None
+
+    def rings(self, res: "ReservationBatch") -> "SessionRings":
+        """The step's SessionRings (made on the first call: a CacheBatch lives one step)."""
+        if self._rings is None:
+            self._rings = SessionRings(self.caches, res)
+        return self._rings
 
 
 class ReservationBatch:
@@ -69,3 +76,31 @@ def decode_together(network, steps: Sequence[DecodeStep], scratch, logits: np.nd
                         scratch, np.arange(n), logits)
     for i, st in enumerate(steps):
         st.logits[0] = logits[i]
+
+
+class SessionRings:
+    """Every layer's rings in one batched step, gathered once for the step: what a backend
+    that attends to all the sessions in one call reads per layer instead of each cache's
+    layer view (4 sessions x 30 layers of SmolLM2: ~0.3 ms of views and ~0.4 ms of arrays a
+    step). Row i is session i; per layer l:
+
+      addresses[l]  i64[n, 3]  the data addresses of its k, v and slot_pos arrays
+      n_slots[l]    i64[n]     slots ever written (attention scans [0, n_slots))
+      windows[l]    i64[n]     the sliding window (0: none)
+      slots[l]      i64[n]     the slot its token is written into
+      plain[l]      bool       every session's layer a plain f16 ring (LayerView.plain_f16)
+                               of one capacity, caps[l], saturating at limit_k[l], limit_v[l]"""
+
+    def __init__(self, caches: Sequence[KVCache], res: ReservationBatch):
+        self.addresses = np.stack([c.ring_addresses() for c in caches], axis=1)
+        self.n_slots = np.ascontiguousarray(np.stack([c.used for c in caches], axis=1), dtype=np.int64)
+        self.windows = np.ascontiguousarray(np.array([c.windows for c in caches], np.int64).T)
+        self.slots = np.array([[int(r.slots[layer][0]) for r in res.parts] for layer in range(len(caches[0].k))],
+                              np.int64)
+        self.caps = caches[0].caps
+        # |values| above these are saturated on write (KVCacheType.limit; one type where plain)
+        self.limit_k = [np.float32(kind.limit) for kind in caches[0].kinds_k]
+        self.limit_v = [np.float32(kind.limit) for kind in caches[0].kinds_v]
+        plain = [c.plain_f16_layers() for c in caches]
+        self.plain = [all(p[layer] for p in plain) and all(c.caps[layer] == self.caps[layer] for c in caches)
+                      for layer in range(len(self.caps))]

@@ -94,6 +94,7 @@ class KVCache:
         self._ring_layers = [i for i, cap in enumerate(self.caps) if cap < capacity]
         self._full_mask = np.array([cap == capacity for cap in self.caps])
         self._addresses: np.ndarray | None = None  # ring_addresses()
+        self._plain: list[bool] | None = None  # plain_f16_layers()
         self.used = np.zeros(n_layers, np.int64)  # slots ever written: attention scans [0, used)
         self.cur = np.zeros(n_layers, np.int64)  # next slot of a windowed ring
         self.n_tokens = 0
@@ -210,6 +211,14 @@ class KVCache:
             self._addresses = np.array([[a.ctypes.data for a in arrays] for arrays in zip(self.k, self.v, self.pos)],
                                        np.int64)
         return self._addresses
+
+    def plain_f16_layers(self) -> list[bool]:
+        """Per layer, whether its view is a plain f16 ring (LayerView.plain_f16): made once, as
+        what it depends on (cache types, rotations, the key map of a calibrated type, the
+        tallies) is chosen when the cache is made."""
+        if self._plain is None:
+            self._plain = [self.layer_view(layer).plain_f16 for layer in range(len(self.k))]
+        return self._plain
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]

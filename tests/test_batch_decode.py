@@ -69,6 +69,32 @@ def test_batched_rows_equal_solo_passes(which, cache_type, smollm2_path, gemma3_
             assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
 
 
+def test_shallow_f16_sessions_take_one_attention_call_per_layer(smollm2_path, monkeypatch):
+    # the default cache at short depth: every layer (the wrapping 24-token rings included)
+    # reads the step's table (batch.SessionRings) and makes one attention_sessions call,
+    # never a per-session layer view or the per-row path
+    from edgekv.backends import cpu
+    model = _load(smollm2_path)
+    calls = {"together": 0, "views": 0}
+    kernel = cpu.attention_f16_sessions
+
+    def counted(*args):
+        calls["together"] += 1
+        kernel(*args)
+
+    def no_views(*args, **kwargs):
+        calls["views"] += 1
+
+    monkeypatch.setattr(cpu, "attention_f16_sessions", counted)
+    monkeypatch.setattr(cpu.CPUBackend, "attend_sessions", no_views)
+    sessions = _sessions(model, "f16")
+    tokens = [int(np.argmax(s.logits)) for s in sessions]
+    solo = _solo(sessions, tokens)
+    for i, row in enumerate(_together(model, sessions, tokens)):
+        assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
+    assert calls == {"together": model.hp.n_layers, "views": 0}
+
+
 def test_deep_and_shallow_sessions_together_equal_solo_passes(smollm2_path):
     # an f16 session past the deep kernel's depth (attention_decode.py) decodes on its own
     # beside shallow ones that share one attention call (attention_sessions.py)

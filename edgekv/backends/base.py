@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
 
 if TYPE_CHECKING:
+    from ..batch import CacheBatch, ReservationBatch
     from ..models.rope import RopeScaling
 
 
@@ -61,6 +63,14 @@ class LayerView:
     # i64[3]: the data addresses of k, v and slot_pos (a kernel that takes several sessions'
     # rings at once reads them by address: kernels/attention_sessions.py)
     addresses: np.ndarray | None = None
+
+    @property
+    def plain_f16(self) -> bool:
+        """An f16 K and V ring with nothing stored beside it (no key map, sinks, rotation or
+        tally), whose arrays' addresses its cache gave."""
+        return (self.type_k == self.type_v == T.F16 and self.key_scale is None and self.sink_k is None
+                and self.rot_k is None and self.rot_v is None and self.attn_mass is None
+                and self.addresses is not None)
 
 
 class Backend(ABC):
@@ -200,6 +210,14 @@ class Backend(ABC):
         backend may do them in one call, with each row's bits."""
         for i in range(len(layers)):
             self.attend_row(i, layers, slots, positions, q, k, v, out, scale, scratch)
+
+    def attend_batch(self, batch: "CacheBatch", res: "ReservationBatch", layer: int, q: np.ndarray, k: np.ndarray,
+                     v: np.ndarray, out: np.ndarray, scale: float, scratch: Any) -> None:
+        """`attend_sessions` for layer `layer` of a batched step (batch.py): batch holds the
+        sessions' caches, res their reservations. Here: each cache's view of the layer; a
+        backend may read batch.rings(res), the step's table of every layer's rings, instead."""
+        self.attend_sessions([one.layer_view(layer) for one in batch.caches], [r.slots[layer] for r in res.parts],
+                             res.positions, q, k, v, out, scale, scratch)
 
     def attend_row(self, i: int, layers, slots, positions, q, k, v, out, scale, scratch) -> None:
         """Row i of an attend_sessions call through `attend`, alone."""

@@ -34,14 +34,6 @@ from .base import Backend, LayerView
 _NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the cache keeps none
 
 
-def _plain_f16(layer: LayerView) -> bool:
-    # an f16 K and V ring with nothing stored beside it (no key map, sinks, rotation or tally),
-    # whose arrays' addresses its cache gave
-    return (layer.type_k == layer.type_v == T.F16 and layer.key_scale is None and layer.sink_k is None
-            and layer.rot_k is None and layer.rot_v is None and layer.attn_mass is None
-            and layer.addresses is not None)
-
-
 class CPUBackend(Backend):
     def __init__(self, name: str, use_int8dot: bool):
         self.name = name
@@ -193,11 +185,28 @@ class CPUBackend(Backend):
                 layer.attn_mass[:, : layer.n_slots] += weights.sum(axis=(0, 2))
         rotate(out, layer.rot_v)
 
+    def attend_batch(self, batch, res, layer, q, k, v, out, scale, scratch) -> None:
+        # every session's layer a plain f16 ring at short depth (the default cache): one
+        # kernel call from the step's table (batch.SessionRings), no views; else attend_sessions
+        rings = batch.rings(res)
+        n, hd_k, hd_v = q.shape[0], q.shape[2], out.shape[2]
+        n_slots, windows = rings.n_slots[layer], rings.windows[layer]
+        deep = (int(n_slots.max()) >= attention_decode.DEPTH_MIN_SLOTS  # fits() needs that many slots seen
+                and any(attention_decode.fits(1, int(n_slots[i]), int(windows[i]), hd_k, hd_v) for i in range(n)))
+        if n < 2 or not rings.plain[layer] or deep:
+            super().attend_batch(batch, res, layer, q, k, v, out, scale, scratch)
+            return
+        cap = rings.caps[layer]
+        scores, pv = scratch.attn_scratch(n * q.shape[1], cap)
+        attention_f16_sessions(q, k, v, res.positions, rings.slots[layer], rings.addresses[layer], n_slots, windows, cap,
+                               rings.limit_k[layer], rings.limit_v[layer], np.float32(scale), scores, pv,
+                               thread_scratch("kv_row", max(hd_k, hd_v)), out)
+
     def attend_sessions(self, layers, slots, positions, q, k, v, out, scale, scratch) -> None:
         # sessions whose layer is a plain f16 ring at short depth (the default cache) in one
         # kernel call (attention_sessions.py); the others one by one, as attend does them
         hd_k, hd_v, cap = q.shape[2], out.shape[2], layers[0].slot_pos.shape[0]
-        together = [i for i, layer in enumerate(layers) if _plain_f16(layer) and layer.slot_pos.shape[0] == cap
+        together = [i for i, layer in enumerate(layers) if layer.plain_f16 and layer.slot_pos.shape[0] == cap
                     and not attention_decode.fits(1, layer.n_slots, layer.window, hd_k, hd_v)]
         if len(together) < 2:
             super().attend_sessions(layers, slots, positions, q, k, v, out, scale, scratch)

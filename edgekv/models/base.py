@@ -254,8 +254,7 @@ class Decoder:
             for one, r, i in zip(cache.caches, res.parts, range(n)):
                 if one.observer is not None:
                     one.observer(layer, r.positions, q[i : i + 1], k[i : i + 1])
-            self.backend.attend_sessions([one.layer_view(layer) for one in cache.caches],
-                                         [r.slots[layer] for r in res.parts], res.positions, q, k, v, out, scale, s)
+            self.backend.attend_batch(cache, res, layer, q, k, v, out, scale, s)
             return
         if cache.observer is not None:  # a calibration pass (kv_calibration.py)
             cache.observer(layer, res.positions, q, k)
