@@ -233,11 +233,19 @@ class QuantMatrix:
                 out[:, r0:r1] = prod
 
     def row_acts(self, n_tok: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's activation buffers (xq, xd, xsum) for n_tok separate tokens."""
-        xq = thread_scratch("rows_xq", n_tok * self._xq.size, np.int8).reshape((n_tok,) + self._xq.shape)
-        xd = thread_scratch("rows_xd", n_tok * self._xd.size).reshape((n_tok,) + self._xd.shape)
-        xsum = thread_scratch("rows_xsum", n_tok * self._xsum.size, np.int32).reshape((n_tok,) + self._xsum.shape)
-        return xq, xd, xsum
+        """This thread's activation buffers (xq, xd, xsum) for n_tok separate tokens: one set
+        per thread, token count and activation geometry, kept (a batched decode step asks
+        for them ~120 times, and the lookups were ~2 us each)."""
+        key = (n_tok, self._xq.shape, self._xd.shape, self._xsum.shape)
+        memo = getattr(_scratch, "row_acts", None)
+        if memo is None:
+            memo = _scratch.row_acts = {}
+        acts = memo.get(key)
+        if acts is None:
+            acts = memo[key] = (np.empty((n_tok,) + self._xq.shape, np.int8),
+                                np.empty((n_tok,) + self._xd.shape, np.float32),
+                                np.empty((n_tok,) + self._xsum.shape, np.int32))
+        return acts
 
     def _k_gemm(self, x: np.ndarray, out: np.ndarray, batch: bool) -> None:
         # out = x @ W^T for a K-quant weight on the int8 dot kernels (gemm_k_ir.py), bit for
