@@ -7,7 +7,9 @@ matmuls) and each row attends to its own session's ring. Every row comes out bit
 that session's own one-token pass gives it (`Backend.independent_rows`), so a stream's
 greedy text does not depend on who it was batched with. `CacheBatch` and
 `ReservationBatch` are what the architectures' forward passes see in place of one cache
-and one reservation (Decoder.attend splits them again).
+and one reservation (Decoder.attend hands them to Backend.attend_batch); `SessionRings`,
+every layer's rings of the step in arrays, made once per step for a backend that attends
+to all sessions in one call.
 What does not: deciding which steps run together and when (server/scheduler.py), reserving
 and committing the slots (session.py), the arithmetic (backends/).
 """
