@@ -90,8 +90,9 @@ class SessionRings:
       n_slots[l]    i64[n]     slots ever written (attention scans [0, n_slots))
       windows[l]    i64[n]     the sliding window (0: none)
       slots[l]      i64[n]     the slot its token is written into
-      plain[l]      bool       every session's layer a plain f16 ring (LayerView.plain_f16)
-                               of one capacity, caps[l], saturating at limit_k[l], limit_v[l]"""
+      plain[l]      bool[n]    its layer a plain f16 ring (LayerView.plain_f16) of the
+                               first session's capacity, caps[l]
+      limit_k[l]    f32[n]     |K values| above it are saturated on write (and limit_v[l])"""
 
     def __init__(self, caches: Sequence[KVCache], res: ReservationBatch):
         self.addresses = np.stack([c.ring_addresses() for c in caches], axis=1)
@@ -100,9 +101,9 @@ class SessionRings:
         self.slots = np.array([[int(r.slots[layer][0]) for r in res.parts] for layer in range(len(caches[0].k))],
                               np.int64)
         self.caps = caches[0].caps
-        # |values| above these are saturated on write (KVCacheType.limit; one type where plain)
-        self.limit_k = [np.float32(kind.limit) for kind in caches[0].kinds_k]
-        self.limit_v = [np.float32(kind.limit) for kind in caches[0].kinds_v]
+        # |values| above these are saturated on write (KVCacheType.limit)
+        self.limit_k = np.array([[kind.limit for kind in c.kinds_k] for c in caches], np.float32).T
+        self.limit_v = np.array([[kind.limit for kind in c.kinds_v] for c in caches], np.float32).T
         plain = [c.plain_f16_layers() for c in caches]
-        self.plain = [all(p[layer] for p in plain) and all(c.caps[layer] == self.caps[layer] for c in caches)
-                      for layer in range(len(self.caps))]
+        self.plain = np.array([[p[layer] and c.caps[layer] == self.caps[layer] for c, p in zip(caches, plain)]
+                               for layer in range(len(self.caps))])

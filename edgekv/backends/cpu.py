@@ -186,48 +186,30 @@ class CPUBackend(Backend):
         rotate(out, layer.rot_v)
 
     def attend_batch(self, batch, res, layer, q, k, v, out, scale, scratch) -> None:
-        # every session's layer a plain f16 ring at short depth (the default cache): one
-        # kernel call from the step's table (batch.SessionRings), no views; else attend_sessions
+        # the sessions whose layer is a plain f16 ring at short depth (the default cache) in one
+        # kernel call (attention_sessions.py), from the step's table (batch.SessionRings); the
+        # others one by one, as attend does them
         rings = batch.rings(res)
-        n, hd_k, hd_v = q.shape[0], q.shape[2], out.shape[2]
+        hd_k, hd_v, cap = q.shape[2], out.shape[2], rings.caps[layer]
         n_slots, windows = rings.n_slots[layer], rings.windows[layer]
-        deep = (int(n_slots.max()) >= attention_decode.DEPTH_MIN_SLOTS  # fits() needs that many slots seen
-                and any(attention_decode.fits(1, int(n_slots[i]), int(windows[i]), hd_k, hd_v) for i in range(n)))
-        if n < 2 or not rings.plain[layer] or deep:
+        together = [i for i in range(q.shape[0]) if rings.plain[layer, i]
+                    and not attention_decode.fits(1, int(n_slots[i]), int(windows[i]), hd_k, hd_v)]
+        if len(together) < 2:
             super().attend_batch(batch, res, layer, q, k, v, out, scale, scratch)
             return
-        cap = rings.caps[layer]
-        scores, pv = scratch.attn_scratch(n * q.shape[1], cap)
-        attention_f16_sessions(q, k, v, res.positions, rings.slots[layer], rings.addresses[layer], n_slots, windows, cap,
-                               rings.limit_k[layer], rings.limit_v[layer], np.float32(scale), scores, pv,
-                               thread_scratch("kv_row", max(hd_k, hd_v)), out)
-
-    def attend_sessions(self, layers, slots, positions, q, k, v, out, scale, scratch) -> None:
-        # sessions whose layer is a plain f16 ring at short depth (the default cache) in one
-        # kernel call (attention_sessions.py); the others one by one, as attend does them
-        hd_k, hd_v, cap = q.shape[2], out.shape[2], layers[0].slot_pos.shape[0]
-        together = [i for i, layer in enumerate(layers) if layer.plain_f16 and layer.slot_pos.shape[0] == cap
-                    and not attention_decode.fits(1, layer.n_slots, layer.window, hd_k, hd_v)]
-        if len(together) < 2:
-            super().attend_sessions(layers, slots, positions, q, k, v, out, scale, scratch)
-            return
-        alone = set(range(len(layers))).difference(together)
+        alone = [i for i in range(q.shape[0]) if i not in together]
         for i in alone:
-            self.attend_row(i, layers, slots, positions, q, k, v, out, scale, scratch)
-        rows = np.array(together)
-        group = [layers[i] for i in together]
-        at = np.array([layer.addresses for layer in group])
-        n_slots = np.array([layer.n_slots for layer in group], np.int64)
-        windows = np.array([layer.window for layer in group], np.int64)
-        scores, pv = scratch.attn_scratch(rows.size * q.shape[1], cap)
-        first = group[0]
-        sel = rows if alone else slice(None)
+            self.attend(batch.caches[i].layer_view(layer), res.parts[i].slots[layer], res.positions[i : i + 1],
+                        q[i : i + 1], k[i : i + 1], v[i : i + 1], out[i : i + 1], scale, scratch)
+        sel = np.array(together) if alone else slice(None)
         part = out[sel]
-        attention_f16_sessions(q[sel], k[sel], v[sel], positions[sel], np.array([slots[i][0] for i in together]), at,
-                               n_slots, windows, cap, np.float32(first.limit_k), np.float32(first.limit_v),
-                               np.float32(scale), scores, pv, thread_scratch("kv_row", max(hd_k, hd_v)), part)
+        scores, pv = scratch.attn_scratch(len(together) * q.shape[1], cap)
+        attention_f16_sessions(q[sel], k[sel], v[sel], res.positions[sel], rings.slots[layer][sel],
+                               rings.addresses[layer][sel], n_slots[sel], windows[sel], cap,
+                               rings.limit_k[layer, together[0]], rings.limit_v[layer, together[0]], np.float32(scale),
+                               scores, pv, thread_scratch("kv_row", max(hd_k, hd_v)), part)
         if alone:
-            out[rows] = part
+            out[sel] = part
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name,
