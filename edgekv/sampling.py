@@ -92,12 +92,18 @@ def recent_tokens(history: Sequence[int], last_n: int) -> Sequence[int]:
     return history if last_n < 0 else history[-last_n:]
 
 
+def penalizes(recent: Sequence[int], repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+              presence_penalty: float = 0.0) -> bool:
+    """Whether apply_penalties would change any logit."""
+    return len(recent) > 0 and not (repeat_penalty == 1.0 and frequency_penalty == 0.0 and presence_penalty == 0.0)
+
+
 def apply_penalties(logits: np.ndarray, recent: Sequence[int], repeat_penalty: float = 1.0,
                     frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> None:
     """llama.cpp's penalties sampler, in place, for every token that occurs in `recent`:
     a logit <= 0 is multiplied by repeat_penalty, a positive one divided by it; then
     count * frequency_penalty + presence_penalty is subtracted."""
-    if len(recent) == 0 or (repeat_penalty == 1.0 and frequency_penalty == 0.0 and presence_penalty == 0.0):
+    if not penalizes(recent, repeat_penalty, frequency_penalty, presence_penalty):
         return
     ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
     values = logits[ids]
@@ -221,9 +227,9 @@ class Sampler:
     def _bias_only(self, history: Sequence[int]) -> bool:
         # whether processed_logits would do nothing but add the logit bias
         p = self.params
-        neutral = p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
         return (not self.processors and self.constraint is None
-                and (neutral or len(recent_tokens(history, p.repeat_last_n)) == 0))
+                and not penalizes(recent_tokens(history, p.repeat_last_n), p.repeat_penalty, p.frequency_penalty,
+                                  p.presence_penalty))
 
     @property
     def last_logits(self) -> np.ndarray | None:
