@@ -35,7 +35,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .attention import _fold_lanes, _reduce16, dot_f16_4reg, softmax_numerators, visible
+from .attention import _fold_lanes, _reduce16_rows, dot_f16_4reg, softmax_numerators, visible
 from .attention_deep_ir import (MAX_HEADS, V_AHEAD_SLOTS, _block_max, _scores_block, _v_block, prefetch_rows,
                                 softmax_numerators_16)
 from .config import EXACT_FLAGS
@@ -128,7 +128,7 @@ def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, sc
     # fits() true; same bits. scores, probs: f32[>= n_heads, >= n_slots] (scores is left
     # holding the softmax numerators, as attention_f16 leaves it); lanes: f32[>= n_heads,
     # 4, 16, hd_v] scratch; out: f32[1, n_heads, hd_v].
-    n_heads, hd_k, hd_v = q.shape[1], q.shape[2], v_cache.shape[2]
+    n_heads, hd_k = q.shape[1], q.shape[2]
     group, qp = n_heads // k_cache.shape[0], q_pos[0]
     qh = q[0]
     for h in range(n_heads):
@@ -151,5 +151,4 @@ def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, sc
     _v_sums(scores, probs, v_cache, n_heads, n_slots, lanes)
     for h in range(n_heads):
         _fold_lanes(lanes[h], lanes.shape[3])
-        for e in range(hd_v):
-            out[0, h, e] = _reduce16(lanes[h, 0, :, e])
+        _reduce16_rows(lanes[h, 0], out[0, h])
