@@ -141,6 +141,36 @@ def _lane_total(builder, kind, a):
     return builder.fadd(total, a[8]) if kind in (T.Q4_1, T.Q5_1) else total
 
 
+def _accumulate_block(builder, isa, kind, codes, w_d, w_m, acts, tb, acc):
+    """One block of one token into its 8 lane accumulators (and the min sum in acc[8] for
+    the kinds with a min): each lane's int8 dot with the token's activations, scaled by
+    the weight's and the activations' block scales, fused into the lane."""
+    x4, xs, xd = acts
+    W = isa.width
+    vf = vec(FLOAT, W)
+    off_mul = isa.offset(kind)
+    scale = builder.fmul(w_d, splat(builder, load_at(builder, xd.data, tb, 2, 0), vf))
+    for j in range(8):
+        seed = None  # the integer lane starts at -offset x the lane's activation sum
+        if off_mul:
+            xsum = load_at(builder, xs.data, tb, 16, 8 + j)
+            seed = splat(builder, builder.mul(xsum, ir.Constant(INT32, -off_mul)), vec(INT32, W))
+        lane = isa.dot(builder, seed, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
+        builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(acc[j])), acc[j])
+    if w_m is not None:
+        mins = builder.fmul(w_m, splat(builder, load_at(builder, xd.data, tb, 2, 1), vf))
+        builder.store(builder.fadd(builder.load(acc[8]), mins), acc[8])
+
+
+def _store_token_row(builder, out, total, t, n_tok, col):
+    """Store one token's lane totals at out[t, col : col + width], unless t is past the
+    last token (the kernel computed it on the last one and drops it)."""
+    out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
+    with builder.if_then(builder.icmp_signed("<", t, n_tok)):
+        at = builder.add(builder.mul(t, out_cols), col)
+        builder.store(total, builder.bitcast(builder.gep(out.data, [at]), total.type.as_pointer()), align=4)
+
+
 def chunk_codegen(kind, isa, n_t=0):
     """IR body, one token (n_t = 0): (qs, qh, d, xq4, xsum, xd, g, c, out) -> out[g*R +
     width*c : +width]. Several separate tokens (n_t > 0): (qs, qh, d, xq4, xsum, xd, g, c,
@@ -168,7 +198,6 @@ def chunk_codegen(kind, isa, n_t=0):
             toks = [None]
         # per token: 8 lanes + the min sum
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(9)] for _ in toks]
-        off_mul = isa.offset(kind)
         with cgutils.for_range(builder, n_blocks) as loop:
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
@@ -179,32 +208,19 @@ def chunk_codegen(kind, isa, n_t=0):
                     prefetch(builder, builder.gep(qs.data, [builder.add(at, ir.Constant(i64, (PREFETCH_BYTES + line) // 4))]))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
             w_d = halves_to_float(builder, load16(builder, d.data, d_base, vec(INT16, W)))
+            w_m = None
             if kind in (T.Q4_1, T.Q5_1):
                 w_m = halves_to_float(builder, load16(builder, d.data, builder.add(d_base, R), vec(INT16, W)))
             for t, acc in zip(toks, accs):
                 tb = b if t is None else builder.add(builder.mul(t, n_blocks), b)
-                scale = builder.fmul(w_d, splat(builder, load_at(builder, xd.data, tb, 2, 0), vf))
-                for j in range(8):
-                    seed = None  # the integer lane starts at -offset x the lane's activation sum
-                    if off_mul:
-                        xsum = load_at(builder, xs.data, tb, 16, 8 + j)
-                        seed = splat(builder, builder.mul(xsum, ir.Constant(INT32, -off_mul)), vec(INT32, W))
-                    lane = isa.dot(builder, seed, codes[j], load_at(builder, x4.data, tb, 8, j), isa.signed(kind))
-                    builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(acc[j])), acc[j])
-                if kind in (T.Q4_1, T.Q5_1):
-                    mins = builder.fmul(w_m, splat(builder, load_at(builder, xd.data, tb, 2, 1), vf))
-                    builder.store(builder.fadd(builder.load(acc[8]), mins), acc[8])
+                _accumulate_block(builder, isa, kind, codes, w_d, w_m, (x4, xs, xd), tb, acc)
         col = builder.add(builder.mul(g, R), row0)
         for i, acc in enumerate(accs):
             total = _lane_total(builder, kind, [builder.load(p) for p in acc])
             if not n_t:
                 builder.store(total, builder.bitcast(builder.gep(out.data, [col]), vf.as_pointer()), align=4)
                 continue
-            t = builder.add(t0, ir.Constant(i64, i))
-            out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
-            with builder.if_then(builder.icmp_signed("<", t, n_tok)):
-                at = builder.add(builder.mul(t, out_cols), col)
-                builder.store(total, builder.bitcast(builder.gep(out.data, [at]), vf.as_pointer()), align=4)
+            _store_token_row(builder, out, total, builder.add(t0, ir.Constant(i64, i)), n_tok, col)
         return context.get_dummy_value()
 
     return codegen
