@@ -162,10 +162,9 @@ def _accumulate_block(builder, isa, kind, codes, w_d, w_m, acts, tb, acc):
         builder.store(builder.fadd(builder.load(acc[8]), mins), acc[8])
 
 
-def _store_token_row(builder, out, total, t, n_tok, col):
+def _store_token_row(builder, out, out_cols, total, t, n_tok, col):
     """Store one token's lane totals at out[t, col : col + width], unless t is past the
     last token (the kernel computed it on the last one and drops it)."""
-    out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
     with builder.if_then(builder.icmp_signed("<", t, n_tok)):
         at = builder.add(builder.mul(t, out_cols), col)
         builder.store(total, builder.bitcast(builder.gep(out.data, [at]), total.type.as_pointer()), align=4)
@@ -191,6 +190,7 @@ def chunk_codegen(kind, isa, n_t=0):
         if n_t:
             t0 = i64_args(builder, args[8:9])[0]
             n_tok = cgutils.unpack_tuple(builder, x4.shape, 3)[0]
+            out_cols = cgutils.unpack_tuple(builder, out.shape, 2)[1]
             last = builder.sub(n_tok, ir.Constant(i64, 1))
             toks = [builder.select(builder.icmp_signed("<", t, n_tok), t, last)
                     for t in (builder.add(t0, ir.Constant(i64, i)) for i in range(n_t))]
@@ -220,7 +220,7 @@ def chunk_codegen(kind, isa, n_t=0):
             if not n_t:
                 builder.store(total, builder.bitcast(builder.gep(out.data, [col]), vf.as_pointer()), align=4)
                 continue
-            _store_token_row(builder, out, total, builder.add(t0, ir.Constant(i64, i)), n_tok, col)
+            _store_token_row(builder, out, out_cols, total, builder.add(t0, ir.Constant(i64, i)), n_tok, col)
         return context.get_dummy_value()
 
     return codegen
@@ -272,10 +272,7 @@ def gemm_codegen(kind, isa):
         col = builder.add(builder.mul(g, R), row0)
         for i in range(n_t):
             t = builder.add(t0, ir.Constant(i64, i))
-            with builder.if_then(builder.icmp_signed("<", t, n_tok)):
-                at = builder.add(builder.mul(t, out_cols), col)
-                builder.store(builder.load(accs[i]), builder.bitcast(builder.gep(out.data, [at]), vf.as_pointer()),
-                              align=4)
+            _store_token_row(builder, out, out_cols, builder.load(accs[i]), t, n_tok, col)
         return context.get_dummy_value()
 
     return codegen
