@@ -85,11 +85,12 @@ class KVCache:
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
-        self.k = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_k)), np.uint8)
+        ring = self.backend.ring_array  # host memory the backend reads (the CUDA backend maps it)
+        self.k = [ring((n_kv_heads, cap, kind.row_nbytes(head_dim_k)), np.uint8)
                   for cap, kind in zip(self.caps, self.kinds_k)]
-        self.v = [np.zeros((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
+        self.v = [ring((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
                   for cap, kind in zip(self.caps, self.kinds_v)]
-        self.pos = [np.full(cap, -1, np.int32) for cap in self.caps]  # per layer (cap,)
+        self.pos = [ring((cap,), np.int32, -1) for cap in self.caps]  # per layer (cap,)
         self._full_layers = [i for i, cap in enumerate(self.caps) if cap == capacity]
         self._ring_layers = [i for i, cap in enumerate(self.caps) if cap < capacity]
         self._full_mask = np.array([cap == capacity for cap in self.caps])
@@ -330,7 +331,8 @@ class KVCache:
         """Take over arrays of the same geometry (a SessionState's copies): K/V rows, slot
         positions, ring = i64[2, n_layers] (slots ever used, write pointers), n_tokens; for a
         calibrated K type also the key map its rows were stored through and the sink rows."""
-        self.k, self.v, self.pos = list(k), list(v), list(pos)
+        adopt = self.backend.adopt_ring
+        self.k, self.v, self.pos = [adopt(a) for a in k], [adopt(a) for a in v], [adopt(a) for a in pos]
         self._addresses = None
         if self.calibrated:
             self.key_map, self.sink_k = key_map, sink_k

@@ -23,7 +23,6 @@ from . import heavy_hitters
 from .cache import KeyMap, KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
-from .models.base import Scratch
 
 log = logging.getLogger("edgekv")
 
@@ -117,7 +116,7 @@ class Session:
         self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
                              windows, self.n_batch, self._kept(), model.backend, key_map,
                              track_attention=context_shift == "keep")
-        self.scratch = Scratch(hp, self.n_batch, model.backend.n_workers)
+        self.scratch = model.backend.scratch(hp, self.n_batch)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
         self._last_logits = np.zeros((1, hp.n_vocab), np.float32)

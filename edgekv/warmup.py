@@ -81,7 +81,6 @@ def _decode_together(model, rng) -> None:
     import numpy as np
 
     from .batch import DecodeStep, decode_together
-    from .models.base import Scratch
 
     net, n_vocab = model.network, model.hp.n_vocab
     sessions = [model.session(n_ctx=N_CTX["exact"]) for _ in range(2)]
@@ -89,7 +88,7 @@ def _decode_together(model, rng) -> None:
         s.eval(rng.integers(0, n_vocab, 3))
     rows = np.zeros((2, n_vocab), np.float32)
     steps = [DecodeStep(1, s.cache, s.cache.reserve(1), rows[i : i + 1]) for i, s in enumerate(sessions)]
-    decode_together(net, steps, Scratch(net.hp, 2, net.backend.n_workers), np.zeros_like(rows))
+    decode_together(net, steps, net.backend.scratch(net.hp, 2), np.zeros_like(rows))
 
 
 def _run_share(items: list[tuple[str, str, str]], backend: str, folder: str) -> float:

@@ -55,3 +55,8 @@ extern "C" __global__ void ek_softmax_rows(float* x, int n) {
     const float inv = 1.0f / ek_block_sum(sum);
     for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] *= inv;
 }
+
+// a projection's bias on every row: x f32[n / d, d] += b f32[d]
+extern "C" __global__ void ek_add_bias(float* x, const float* __restrict__ b, int d, ek_u64 n) {
+    EK_GRID_STRIDE(i, n) x[i] += b[i % d];
+}

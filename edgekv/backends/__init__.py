@@ -2,8 +2,9 @@
 
 Backends: `cpu` (Numba; the int8 dot-product LLVM-IR kernels where the CPU has them,
 AVX512-VNNI or else AVX2 on x86, sdot on Arm, the portable kernels elsewhere) and `cpu-portable`
-(always the portable kernels: a way to check them on any machine). A `cuda` backend is being
-built (edgekv/cuda/, native/): asking for it says what this machine lacks, or that it is not built yet.
+(always the portable kernels: a way to check them on any machine), and `cuda` (backends/cuda.py:
+native/ kernels compiled by NVRTC, launched through the driver API; asking for it where it cannot
+run says what this machine lacks).
 Chosen by `backend=` (Llama, edgekv.load), `--backend` on the CLI, or EDGEKV_BACKEND;
 `auto` (the default) takes the best that runs here. A backend that was asked for and
 cannot run is an error naming the ones that can, never a silent fallback.
@@ -19,7 +20,9 @@ import sys
 from ..errors import EdgeKVError
 from .base import Backend, LayerView
 
-BACKENDS = ("cpu", "cpu-portable")
+# in auto's order of preference: the CUDA backend is chosen when asked for (backend="cuda",
+# n_gpu_layers) but not yet by auto, until tools/gpu_check.sh has passed on a GPU (native/README.md)
+BACKENDS = ("cpu", "cpu-portable", "cuda")
 _made: dict[str, Backend] = {}
 
 
@@ -32,15 +35,10 @@ def why_unavailable(name: str) -> str | None:
     return "no such backend"
 
 
-def _why_not_cuda() -> str:
+def _why_not_cuda() -> str | None:
     from ..cuda import probe  # the driver and NVRTC are only looked for when CUDA is asked for
 
-    status = probe()
-    if status.problem:
-        return status.problem
-    d = status.devices[0]
-    return (f"found {d.name} (sm_{d.arch}, driver {status.driver}) and NVRTC {status.nvrtc}, but the CUDA "
-            "backend's forward pass is not built yet (its kernels are: native/); use --backend cpu")
+    return probe().problem
 
 
 def offload_choice(backend: str | Backend | None, n_gpu_layers: int | None) -> str | Backend | None:
@@ -90,9 +88,14 @@ def get_backend(name: str | Backend | None = None) -> Backend:
         return name
     resolved = resolve_backend_name(name)
     if resolved not in _made:
-        from .cpu import CPUBackend
+        if resolved == "cuda":
+            from .cuda import CUDABackend
 
-        _made[resolved] = CPUBackend(resolved, use_int8dot=resolved == "cpu")
+            _made[resolved] = CUDABackend()
+        else:
+            from .cpu import CPUBackend
+
+            _made[resolved] = CPUBackend(resolved, use_int8dot=resolved == "cpu")
     return _made[resolved]
 
 

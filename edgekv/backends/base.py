@@ -98,6 +98,26 @@ class Backend(ABC):
     def rows_independent(self) -> bool:
         return getattr(self._mode, "independent", False)
 
+    # -- memory ------------------------------------------------------------------------------
+
+    def scratch(self, hp, n_batch: int):
+        """The buffers a session's forward passes write (models.base.Scratch), for n_batch tokens."""
+        from ..models.base import Scratch
+
+        return Scratch(hp, n_batch, self.n_workers)
+
+    def ring_array(self, shape: tuple[int, ...], dtype, fill=0) -> np.ndarray:
+        """A host array of the KV cache (rings, slot positions): where the backend can read it."""
+        return np.full(shape, fill, dtype)
+
+    def adopt_ring(self, a: np.ndarray) -> np.ndarray:
+        """An array a cache takes over (a state's copy), as ring_array would have placed it."""
+        return a
+
+    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The rows `rows` of x f32[n, dim], as a new array the caller may overwrite."""
+        return x[rows]
+
     # -- weights ----------------------------------------------------------------------------
 
     @abstractmethod

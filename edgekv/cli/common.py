@@ -112,7 +112,7 @@ def add_model_options(p: argparse.ArgumentParser, model_required: bool = True, c
 
 def add_backend_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, metavar="NAME",
-                   help="where the arithmetic runs: auto, cpu, cpu-portable (default: $EDGEKV_BACKEND or auto)")
+                   help="where the arithmetic runs: auto, cpu, cpu-portable, cuda (default: $EDGEKV_BACKEND or auto)")
 
 
 CONTEXT_SHIFTS = ("none", "shift", "stream", "keep")

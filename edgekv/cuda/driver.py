@@ -242,12 +242,21 @@ class Driver:
         self.check(self.lib.cuMemcpyDtoHAsync_v2(self.ffi.from_buffer(dst), src, nbytes, stream or self.ffi.NULL),
                    "cuMemcpyDtoH")
 
+    def memset(self, dst: int, value: int, nbytes: int, stream: Any = None) -> None:
+        self.check(self.lib.cuMemsetD8Async(dst, value, nbytes, stream or self.ffi.NULL), "cuMemsetD8")
+
     def map_host(self, buffer: Any, read_only: bool = True) -> int:
         """Register host memory (a NumPy array or mmap; page-aligned regions work best) and
         return the device pointer to it: on an integrated GPU the weights stay where they are."""
         ptr = self.ffi.from_buffer(buffer)
+        return self.register_host(int(self.ffi.cast("uintptr_t", ptr)), len(ptr), read_only)
+
+    def register_host(self, address: int, nbytes: int, read_only: bool = True) -> int:
+        """Register the host range [address, address + nbytes) (whole pages, registered once)
+        and return the device pointer to its first byte."""
+        ptr = self.ffi.cast("void *", address)
         flags = MEMHOSTREGISTER_DEVICEMAP | (MEMHOSTREGISTER_READ_ONLY if read_only else 0)
-        self.check(self.lib.cuMemHostRegister_v2(ptr, len(ptr), flags), "cuMemHostRegister")
+        self.check(self.lib.cuMemHostRegister_v2(ptr, nbytes, flags), f"cuMemHostRegister({nbytes} bytes)")
         dptr = self.ffi.new("CUdeviceptr *")
         self.check(self.lib.cuMemHostGetDevicePointer_v2(dptr, ptr, 0), "cuMemHostGetDevicePointer")
         return int(dptr[0])

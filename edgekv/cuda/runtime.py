@@ -16,12 +16,14 @@ kernels a forward pass runs (the CUDA backend, to come: issue 12).
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import programs
+from .arrays import PAGE, DeviceArray
 from .driver import DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
 
@@ -49,6 +51,7 @@ class Device:
         self._functions: dict[str, tuple[Any, str]] = {}
         self._modules: dict[str, Any] = {}
         self._owned: list[Buffer] = []
+        self._registered: list[tuple[int, int, int]] = []  # host start, end, device pointer
 
     # -- kernels -------------------------------------------------------------------------------
 
@@ -71,7 +74,7 @@ class Device:
         fn, signature = self.function(name)
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         block3 = tuple(block) + (1,) * (3 - len(block))
-        values = [int(a) if isinstance(a, Buffer) else a for a in args]
+        values = [int(a) if isinstance(a, (Buffer, DeviceArray)) else a for a in args]
         self.driver.launch(fn, grid3, block3, signature, values, self.stream, shared)
 
     def synchronize(self) -> None:
@@ -91,11 +94,25 @@ class Device:
         self.synchronize()  # `a` may be a temporary
         return buf
 
-    def map(self, array: np.ndarray) -> Buffer:
-        """array (contiguous, kept alive by the buffer) as device memory without a copy."""
+    def map(self, array: np.ndarray, read_only: bool = True) -> Buffer:
+        """array (kept alive by the buffer) as device memory without a copy (host_pointer)."""
+        return Buffer(self.host_pointer(array, read_only), array.nbytes, mapped=True, host=array)
+
+    def host_pointer(self, array: np.ndarray, read_only: bool = True) -> int:
+        """The device address of a host array, its memory registered on first use. What is
+        registered: the whole file mapping a GGUF tensor lies in (once per file), else the
+        array's own pages, so it must own them (arrays.page_aligned): two registrations may
+        not share a page. The caller keeps the array alive."""
         if not array.flags.c_contiguous:
             raise ValueError("only a contiguous array can be mapped")
-        return Buffer(self.driver.map_host(array), array.nbytes, mapped=True, host=array)
+        lo = array.ctypes.data
+        for start, end, dptr in self._registered:
+            if start <= lo and lo + array.nbytes <= end:
+                return dptr + lo - start
+        start, nbytes = _region(array)
+        dptr = self.driver.register_host(start, nbytes, read_only)
+        self._registered.append((start, start + nbytes, dptr))
+        return dptr + lo - start
 
     def weights(self, array: np.ndarray) -> Buffer:
         """Weights as the device should hold them: mapped where the GPU shares the host's
@@ -103,6 +120,19 @@ class Device:
         if self.info.integrated and self.info.can_map_host_memory and array.flags.c_contiguous:
             return self.map(array)
         return self.upload(array)
+
+    def array(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceArray:
+        """A new device array (zeroed), freed with the device."""
+        out = DeviceArray(0, tuple(shape), np.dtype(dtype))
+        buf = self.alloc(out.nbytes)
+        self.driver.memset(buf.ptr, 0, buf.nbytes, self.stream)
+        return DeviceArray(buf.ptr, out.shape, out.dtype)
+
+    def free(self, buf: Buffer) -> None:
+        """Give back memory alloc made (after the stream's work that may read it)."""
+        self.synchronize()
+        self._owned.remove(buf)
+        self.driver.free(buf.ptr)
 
     def download(self, buf: Buffer, out: np.ndarray) -> np.ndarray:
         self.driver.to_host(out, buf.ptr, out.nbytes, self.stream)
@@ -113,3 +143,18 @@ class Device:
         for buf in self._owned:
             self.driver.free(buf.ptr)
         self._owned.clear()
+
+
+def _region(array: np.ndarray) -> tuple[int, int]:
+    """(start, nbytes) of the whole pages to register for array: its file mapping's, when it
+    is a view of one (GGUF tensors), else its own, which must start on a page."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    mapping = root.base.obj if isinstance(root.base, memoryview) else root.base
+    if isinstance(mapping, mmap.mmap):
+        return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping)
+    lo = array.ctypes.data
+    if lo % PAGE:
+        raise ValueError("a host array the GPU addresses must own its pages (edgekv.cuda.arrays.page_aligned)")
+    return lo, -(-array.nbytes // PAGE) * PAGE

@@ -280,7 +280,7 @@ class Decoder:
     def output_logits(self, x: np.ndarray, norm_w: np.ndarray, w_out, rows: np.ndarray, logits: np.ndarray) -> None:
         """logits[j] = W_out @ rms_norm(x[rows[j]]) for the requested rows only."""
         be = self.backend
-        sel = x[rows]
+        sel = be.take_rows(x, rows)
         be.rms_norm(sel, norm_w, self.hp.norm_eps, sel)
         be.project(w_out, sel, logits)
         if self.hp.final_softcap:

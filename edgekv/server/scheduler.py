@@ -31,7 +31,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..batch import DecodeStep, decode_together
-from ..models.base import Scratch
 
 log = logging.getLogger("edgekv")
 
@@ -72,7 +71,7 @@ class StepScheduler:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.network, self.max_batch, self.max_wait_s = network, max_batch, max_wait_s
         hp = network.hp
-        self._scratch = Scratch(hp, max_batch, network.backend.n_workers)
+        self._scratch = network.backend.scratch(hp, max_batch)
         self._logits = np.zeros((max_batch, hp.n_vocab), np.float32)
         self._cv = threading.Condition()
         self._decode: list[_Pending] = []

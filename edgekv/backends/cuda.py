@@ -1,0 +1,270 @@
+"""The CUDA backend: a forward pass's arithmetic on an NVIDIA GPU (Jetson Orin, desktop GPUs).
+
+What lives here: `CUDABackend`, which runs each operation of backends/base.py as a launch
+of a native/ kernel (edgekv/cuda/: compiled by NVRTC at first use, launched through the
+driver API), and `DeviceScratch`, a session's activations in device memory (the same names
+as models.base.Scratch, as `DeviceArray`s, so the architectures' graphs run unchanged).
+What does not: the kernels (native/), the launch shapes (cuda_launch.py), attention over
+the ring (cuda_attention.py).
+
+Where things live. Weights: `Device.weights` (mapped where they lie on an integrated GPU,
+Jetson's, so RAM holds one copy; uploaded once to a discrete GPU). Activations: device
+memory. The K/V rings and slot positions: page-aligned host arrays the cache allocates
+through `ring_array`, registered and mapped, so the cache's host bookkeeping (reservations,
+shifts, state files, snapshots) reads and writes the same bytes the kernels do. A step's
+inputs go in as small copies (token ids, RoPE tables, each layer's slots); the logits come
+out in one copy, which also ends the step: every forward pass ends with `project` into the
+host's logits (0 rows: a synchronize), so the host never touches a ring the GPU is writing.
+
+Operations on host arrays (a cache shift's keys, state files' rows) run on the CPU backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..cuda.arrays import DeviceArray, is_page_aligned, page_aligned
+from ..cuda.runtime import Buffer, Device
+from ..errors import EdgeKVError
+from ..quants import row_nbytes
+from . import cuda_launch as shape
+from .base import Backend, LayerView
+from .cpu import CPUBackend
+
+# the weight types with a matvec kernel (native/matvec.cu), by ggml type
+MATVEC = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q8_0: "q8_0", T.Q4_K: "q4_K",
+          T.Q5_K: "q5_K", T.Q6_K: "q6_K", T.F32: "f32", T.F16: "f16", T.BF16: "bf16"}
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # multiplied by float activations; the others by Q8_1
+Q8_1_BYTES = 36  # ek_block_q8_1: f16 d, f16 s, 32 int8
+
+
+@dataclass
+class DeviceMatrix:
+    """A [n_rows, n_cols] weight in its GGUF type on the device."""
+
+    buf: Buffer
+    ggml_type: int
+    n_rows: int
+    n_cols: int
+    row_bytes: int
+
+    @property
+    def kernel(self) -> str:
+        return f"ek_matvec_{MATVEC[self.ggml_type]}"
+
+    @property
+    def quantized(self) -> bool:
+        return self.ggml_type not in FLOAT_TYPES
+
+
+class DeviceScratch:
+    """Every buffer a forward pass writes (models.base.Scratch's names), in device memory."""
+
+    def __init__(self, hp, n_batch: int, device: Device):
+        q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+        sizes = {"x": hp.dim, "h": hp.dim, "o": hp.dim, "q": q_dim, "k": kv_dim, "v": hp.n_kv_heads * hp.head_dim_v,
+                 "att": hp.n_heads * hp.head_dim_v, "gate": hp.ff, "up": hp.ff}
+        for name, cols in sizes.items():
+            setattr(self, name, device.array((n_batch, cols)))
+        half = hp.rope_dims // 2
+        self.cos = {kind: device.array((n_batch, half)) for kind in ("global", "local")}
+        self.sin = {kind: device.array((n_batch, half)) for kind in ("global", "local")}
+        self.n_batch = n_batch
+
+
+class CUDABackend(Backend):
+    name = "cuda"
+    n_workers = 1  # the host threads its work needs (none beyond the caller's)
+
+    def __init__(self, device: Device | None = None):
+        self.device = device or Device()
+        self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
+        self._staging: dict[str, Buffer] = {}  # growing device buffers a step's inputs and temporaries use
+        self._vectors: dict[int, tuple[np.ndarray, Buffer]] = {}  # host vector id -> (it, its device copy)
+        from .cuda_attention import RingAttention
+
+        self.rings = RingAttention(self)
+
+    # -- device memory ----------------------------------------------------------------------
+
+    def staging(self, name: str, nbytes: int) -> Buffer:
+        """A device buffer of at least nbytes kept for `name` (grown when a step needs more)."""
+        buf = self._staging.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            if buf is not None:
+                self.device.free(buf)
+            buf = self._staging[name] = self.device.alloc(max(nbytes, 256))
+        return buf
+
+    def put(self, name: str, host: np.ndarray) -> Buffer:
+        """host (a step's input: ids, slots, RoPE rows) copied into the staging buffer `name`."""
+        host = np.ascontiguousarray(host)
+        buf = self.staging(name, host.nbytes)
+        if host.nbytes:
+            self.device.driver.to_device(buf.ptr, host, host.nbytes, self.device.stream)
+        return buf
+
+    def vector(self, v: np.ndarray) -> Buffer:
+        """A model's f32 vector (norm weight, bias) on the device, copied once."""
+        hit = self._vectors.get(id(v))
+        if hit is None or hit[0] is not v:
+            hit = self._vectors[id(v)] = (v, self.device.upload(np.ascontiguousarray(v, np.float32)))
+        return hit[1]
+
+    def launch(self, kernel: str, launch: shape.Launch, *args) -> None:
+        self.device.launch(kernel, launch.grid, launch.block, *args)
+
+    def ring_array(self, shape_: tuple[int, ...], dtype, fill=0) -> np.ndarray:
+        """A K/V ring or slot-position array: page-aligned host memory the GPU maps."""
+        return page_aligned(shape_, dtype, fill)
+
+    def adopt_ring(self, a: np.ndarray) -> np.ndarray:
+        """An array a cache takes over (a state file's rows), as ring_array would have made it."""
+        if is_page_aligned(a) and a.flags.c_contiguous:
+            return a
+        out = page_aligned(a.shape, a.dtype)
+        out[...] = a
+        return out
+
+    def scratch(self, hp, n_batch: int) -> DeviceScratch:
+        return DeviceScratch(hp, n_batch, self.device)
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
+               release: Callable[[np.ndarray], None] | None = None) -> DeviceMatrix:
+        if ggml_type not in MATVEC:
+            raise EdgeKVError(f"the CUDA backend has no kernel for ggml type {ggml_type}; use --backend cpu")
+        buf = self.device.weights(raw)
+        if not buf.mapped and release is not None:
+            release(raw)  # uploaded: the file's pages are not needed in RAM any more
+        return DeviceMatrix(buf, ggml_type, n_rows, n_cols, row_nbytes(ggml_type, n_cols))
+
+    def embed(self, w: DeviceMatrix, ids: np.ndarray, out) -> None:
+        if not isinstance(out, DeviceArray):
+            raise EdgeKVError("the CUDA backend embeds into device arrays only (its DeviceScratch)")
+        n = ids.shape[0]
+        dev_ids = self.put("ids", ids.astype(np.int32))
+        self.launch("ek_get_rows", shape.get_rows(n, w.n_cols), w.buf, int(w.ggml_type), w.row_bytes, dev_ids, out,
+                    w.n_cols)
+
+    def project(self, w: DeviceMatrix, x, out) -> None:
+        self.project_many([w], x, [out])
+
+    def project_many(self, ws: Sequence[DeviceMatrix], x, outs: Sequence[Any]) -> None:
+        n = x.shape[0]
+        if n == 0:  # no rows (a chunk whose logits nobody asked for): the step still ends here
+            self.device.synchronize()
+            return
+        q8 = None
+        if any(w.quantized for w in ws):  # the activations quantized to Q8_1 once for all of them
+            q8 = self.staging("q8_1", n * (x.shape[1] // 32) * Q8_1_BYTES)
+            blocks = n * x.shape[1] // 32
+            self.launch("ek_quantize_q8_1", shape.quantize_q8_1(blocks), x, q8, blocks)
+        for w, out in zip(ws, outs):
+            host = out if isinstance(out, np.ndarray) else None
+            dst = self.staging("out", out.nbytes).ptr if host is not None else out.ptr
+            self.launch(w.kernel, shape.matvec(w.n_rows, n), w.buf, q8 if w.quantized else x, dst, w.n_rows,
+                        w.n_cols, w.row_bytes)
+            if host is not None:  # logits: the step's one copy out, which waits for it
+                self.device.driver.to_host(host, dst, host.nbytes, self.device.stream)
+                self.device.synchronize()
+
+    def take_rows(self, x, rows: np.ndarray):
+        if not isinstance(x, DeviceArray):
+            return x[rows]
+        dim = x.shape[1]
+        out = DeviceArray(self.staging("rows", max(len(rows), 1) * dim * 4).ptr, (len(rows), dim))
+        if len(rows):
+            ids = self.put("row_ids", np.asarray(rows, np.int32))
+            self.launch("ek_get_rows", shape.get_rows(len(rows), dim), x, int(T.F32), dim * 4, ids, out, dim)
+        return out
+
+    # -- element-wise and per-row -----------------------------------------------------------
+
+    def rms_norm(self, x, weight, eps, out) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.rms_norm(x, weight, eps, out)
+        if x.shape[0]:
+            self.launch("ek_rms_norm", shape.rows(x.shape[0], x.shape[1]), x, self.vector(weight), out, x.shape[1],
+                        float(eps))
+
+    def rms_norm_heads(self, x, weight, eps) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.rms_norm_heads(x, weight, eps)
+        n, heads, hd = x.shape
+        self.launch("ek_rms_norm_heads", shape.rows(n * heads, hd), x, self.vector(weight), hd, float(eps))
+
+    def rope_tables(self, positions, n_rot, theta, scaling, freq_factors, cos, sin) -> None:
+        if not isinstance(cos, DeviceArray):
+            return self.host.rope_tables(positions, n_rot, theta, scaling, freq_factors, cos, sin)
+        host_cos, host_sin = np.empty(cos.shape, np.float32), np.empty(sin.shape, np.float32)
+        self.host.rope_tables(positions, n_rot, theta, scaling, freq_factors, host_cos, host_sin)
+        for table, host in ((cos, host_cos), (sin, host_sin)):
+            self.device.driver.to_device(table.ptr, host, host.nbytes, self.device.stream)
+
+    def rope(self, x, cos, sin, mode) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.rope(x, cos, sin, mode)
+        n, heads, hd = x.shape
+        self.launch("ek_rope", shape.rope(cos.shape[1], heads, n), x, cos, sin, heads, hd, cos.shape[1], int(mode))
+
+    def silu_mul(self, gate, up) -> None:
+        self._elementwise("ek_silu_mul", gate, up)
+
+    def gelu_mul(self, gate, up) -> None:
+        self._elementwise("ek_gelu_mul", gate, up)
+
+    def add(self, x, y) -> None:
+        self._elementwise("ek_add", x, y)
+
+    def _elementwise(self, kernel: str, x, y) -> None:
+        if not isinstance(x, DeviceArray):
+            return getattr(self.host, kernel[3:])(x, y)
+        self.launch(kernel, shape.elementwise(x.size), x, y, x.size)
+
+    def add_rms_norm(self, x, y, weight, eps, out) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.add_rms_norm(x, y, weight, eps, out)
+        if x.shape[0]:
+            self.launch("ek_add_rms_norm", shape.rows(x.shape[0], x.shape[1]), x, y, self.vector(weight), out,
+                        x.shape[1], float(eps))
+
+    def add_bias(self, x, b) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.add_bias(x, b)
+        self.launch("ek_add_bias", shape.elementwise(x.size), x, self.vector(b), x.shape[-1], x.size)
+
+    def scale(self, x, s) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.scale(x, s)
+        self.launch("ek_scale", shape.elementwise(x.size), x, float(s), x.size)
+
+    def softcap(self, x, cap) -> None:
+        if not isinstance(x, DeviceArray):
+            return self.host.softcap(x, cap)
+        self.launch("ek_softcap", shape.elementwise(x.size), x, float(cap), x.size)
+
+    # -- the KV cache -------------------------------------------------------------------------
+
+    def store_kv(self, dst, ggml_type, slots, src, limit) -> None:
+        self.device.synchronize()  # the rings are the GPU's too: it must be done with them
+        self.host.store_kv(dst, ggml_type, slots, src, limit)
+
+    def load_kv(self, rows, ggml_type, hd, slots) -> np.ndarray:
+        self.device.synchronize()
+        return self.host.load_kv(rows, ggml_type, hd, slots)
+
+    def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
+        if not isinstance(q, DeviceArray):
+            return self.host.attend(layer, slots, positions, q, k, v, out, scale, scratch)
+        self.rings.attend(layer, slots, positions, q, k, v, out, scale)
+
+    def describe(self) -> dict[str, str]:
+        info = self.device.info
+        return {"backend": self.name,
+                "cuda device": f"{info.name}, sm_{info.arch}, {'integrated: weights mapped' if info.integrated else 'discrete: weights uploaded'}"}

@@ -1,0 +1,75 @@
+"""Attention over a layer's ring on the GPU: a chunk's K/V written into its slots in the
+cache's type (ek_kv_write), then every query head over the visible slots (ek_attention).
+
+The rings are the cache's own host arrays, registered and mapped (cuda.py says why), so
+a wrapped ring, a shift's re-rotated keys or a restored state need nothing here: the slot
+positions decide what each query sees, as on the CPU. A quantized cache stores K and V
+Hadamard-rotated (row_transforms.py): queries and keys are rotated on the way in and the
+output on the way out (ek_rotate), as CPUBackend.attend does.
+
+Not on the GPU yet, each a clear error: a calibrated K type (its key map and f32 sink rows)
+and the `keep` overflow policy (its attention tallies).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..cuda.arrays import DeviceArray
+from ..errors import EdgeKVError
+from . import cuda_launch as shape
+from .base import LayerView
+
+if TYPE_CHECKING:
+    from .cuda import CUDABackend
+
+QUANTIZED_BLOCK_BYTES = {8: 34, 2: 18, 3: 20, 6: 22, 7: 24}  # cache types stored in 32-value blocks
+
+
+class RingAttention:
+    def __init__(self, backend: "CUDABackend"):
+        self.backend = backend
+        self._pointers: dict[int, tuple[np.ndarray, int]] = {}  # id(host array) -> (it, device address)
+
+    def pointer(self, a: np.ndarray, writable: bool) -> int:
+        """The device address of a ring array (registered on first sight)."""
+        hit = self._pointers.get(id(a))
+        if hit is None or hit[0] is not a:
+            hit = self._pointers[id(a)] = (a, self.backend.device.host_pointer(a, read_only=not writable))
+        return hit[1]
+
+    def rotate(self, x: DeviceArray, h: np.ndarray | None) -> None:
+        if h is not None:
+            r = h.shape[0]
+            self.backend.launch("ek_rotate", shape.rotate(x.size, r), x, self.backend.vector(h), r)
+
+    def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: DeviceArray, k: DeviceArray,
+               v: DeviceArray, out: DeviceArray, scale: float) -> None:
+        if layer.key_scale is not None or layer.sink_k is not None:
+            raise EdgeKVError("a calibrated K cache type (iq4_cal) is not on the CUDA backend yet: "
+                              "use another cache type, or --backend cpu")
+        if layer.attn_mass is not None:
+            raise EdgeKVError("the `keep` overflow policy is not on the CUDA backend yet: "
+                              "use --context-shift shift or stream, or --backend cpu")
+        be = self.backend
+        n, n_heads, hd_k = q.shape
+        n_kv, hd_v = k.shape[1], v.shape[2]
+        self.rotate(q, layer.rot_k)
+        self.rotate(k, layer.rot_k)
+        self.rotate(v, layer.rot_v)
+        dev_slots = be.put("slots", np.asarray(slots, np.int32))
+        k_ring, v_ring = self.pointer(layer.k, True), self.pointer(layer.v, True)
+        cap = layer.slot_pos.shape[0]
+        for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
+                                                      (v, v_ring, layer.v, layer.type_v, hd_v, layer.limit_v)):
+            per_row = hd // 32 if ggml_type in QUANTIZED_BLOCK_BYTES else hd
+            be.launch("ek_kv_write", shape.kv_write(n * n_kv * per_row), src, dev_slots, ring, int(ggml_type),
+                      float(limit), n, n_kv, hd, cap, host.shape[2])
+        q_pos = be.put("positions", np.asarray(positions, np.int32))
+        be.launch("ek_attention", shape.attention(n_heads, n), q, q_pos, k_ring, v_ring,
+                  self.pointer(layer.slot_pos, False), int(layer.n_slots), int(layer.window), float(scale),
+                  int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
+                  layer.v.shape[2], out)
+        self.rotate(out, layer.rot_v)

@@ -1,0 +1,69 @@
+"""Launch shapes of the native/ kernels: the grid and block each kernel's indexing expects
+(the comment at the top of each .cu file), for the sizes of one call. Pure arithmetic, so
+the host side of the CUDA path is checked without a GPU (tests/test_cuda_backend.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARP = 32
+MATVEC_ROWS = 4  # EK_ROWS_PER_BLOCK in matvec.cu: rows (warps) per block
+ELEMENTWISE_THREADS = 256
+ELEMENTWISE_MAX_BLOCKS = 4096  # the kernels loop over the rest (grid-stride)
+MAX_ROTATION = 256  # EK_MAX_ROTATION in rotate.cu
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+
+
+def _blocks(n: int, per: int) -> int:
+    return max(1, -(-n // per))
+
+
+def matvec(n_rows: int, n_tok: int) -> Launch:
+    """One warp per output row, MATVEC_ROWS rows per block; grid.y the tokens."""
+    return Launch((_blocks(n_rows, MATVEC_ROWS), n_tok), (WARP, MATVEC_ROWS))
+
+
+def quantize_q8_1(n_blocks: int, warps: int = 8) -> Launch:
+    """One warp per 32 values."""
+    return Launch((_blocks(n_blocks, warps),), (WARP * warps,))
+
+
+def get_rows(n_tok: int, n_cols: int) -> Launch:
+    """One block of 32 threads per (32 columns, token)."""
+    return Launch((_blocks(n_cols, WARP), n_tok), (WARP,))
+
+
+def rows(n_rows: int, dim: int) -> Launch:
+    """One block per row (norms), a whole number of warps, at most 256 threads."""
+    return Launch((n_rows,), (min(256, WARP * _blocks(dim, WARP)),))
+
+
+def rope(half: int, n_heads: int, n_tok: int, threads: int = 64) -> Launch:
+    """One thread per rotated pair."""
+    return Launch((_blocks(half, threads), n_heads, n_tok), (threads,))
+
+
+def elementwise(n: int) -> Launch:
+    return Launch((min(_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_MAX_BLOCKS),), (ELEMENTWISE_THREADS,))
+
+
+def kv_write(items: int, threads: int = 128) -> Launch:
+    """One thread per 32-value block (quantized cache types) or per value."""
+    return Launch((_blocks(items, threads),), (threads,))
+
+
+def attention(n_heads: int, n_tok: int) -> Launch:
+    """One warp per (query head, token)."""
+    return Launch((n_heads, n_tok), (WARP,))
+
+
+def rotate(n_values: int, r: int) -> Launch:
+    """One block of r threads per run of r values."""
+    if r > MAX_ROTATION or n_values % r:
+        raise ValueError(f"cannot rotate {n_values} values in runs of {r} (at most {MAX_ROTATION})")
+    return Launch((n_values // r,), (r,))

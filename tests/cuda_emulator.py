@@ -1,0 +1,294 @@
+"""A stand-in for the CUDA driver that runs each native/ kernel as NumPy arithmetic, so the
+CUDA backend's host side (which kernel, with which arguments, over which grid, on which
+memory) runs whole forward passes on a machine without a GPU (tests/test_cuda_backend.py).
+
+What it checks as a GPU would fail: each launch's arguments against the kernel's declared
+kinds (driver.pack_args); every pointer argument inside memory the device can address
+(allocated, or host memory registered: an unmapped host array is an error here as it would
+be a fault there); the grid and block each kernel's indexing needs (the comment atop each
+.cu file); host registrations that overlap a registered page (CUDA refuses them). What it
+cannot check: the kernels' own code, which tests/test_cuda_host.py builds for the CPU and
+tests/test_cuda_device.py runs on a GPU. Its arithmetic is gguf.quants' and float64 NumPy,
+independent of the code under test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import cffi
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+from edgekv.cuda import programs
+from edgekv.cuda.driver import DeviceInfo, pack_args
+from edgekv.cuda.runtime import Device
+
+PAGE = 4096
+Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
+KV_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+
+
+class EmulatedDriver:
+    def __init__(self, integrated: bool = True):
+        self.info = DeviceInfo(0, "Emulated GPU", (8, 7), 8 << 30, integrated, True, 8)
+        self.version = 12060
+        self._memory: dict[int, np.ndarray] = {}  # allocated: address -> bytes
+        self.registered: list[tuple[int, int]] = []  # host ranges [start, end)
+        self.launches: list[str] = []  # kernel names, in order
+        self.copies_to_host = 0
+        self._ffi = cffi.FFI()
+
+    # -- what runtime.Device calls ----------------------------------------------------------
+
+    def device(self, ordinal: int) -> DeviceInfo:
+        return self.info
+
+    def use_device(self, ordinal: int):
+        return None
+
+    def stream(self):
+        return None
+
+    def synchronize(self, stream) -> None:
+        pass
+
+    def load_module(self, cubin):
+        return cubin
+
+    def function(self, module, name: str) -> str:
+        return name
+
+    def alloc(self, nbytes: int) -> int:
+        buf = np.zeros(max(nbytes, 1), np.uint8)
+        self._memory[buf.ctypes.data] = buf
+        return buf.ctypes.data
+
+    def free(self, ptr: int) -> None:
+        del self._memory[ptr]
+
+    def memset(self, dst: int, value: int, nbytes: int, stream=None) -> None:
+        self.check_pointer(dst, nbytes)
+        ctypes.memset(dst, value, nbytes)
+
+    def to_device(self, dst: int, src: np.ndarray, nbytes: int, stream=None) -> None:
+        self.check_pointer(dst, nbytes)
+        ctypes.memmove(dst, np.ascontiguousarray(src).ctypes.data, nbytes)
+
+    def to_host(self, dst: np.ndarray, src: int, nbytes: int, stream=None) -> None:
+        self.check_pointer(src, nbytes)
+        ctypes.memmove(dst.ctypes.data, src, nbytes)
+        self.copies_to_host += 1
+
+    def register_host(self, address: int, nbytes: int, read_only: bool = True) -> int:
+        start, end = address - address % PAGE, -(-(address + nbytes) // PAGE) * PAGE
+        if any(a < end and start < b for a, b in self.registered):
+            raise RuntimeError("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: a page of this range is registered")
+        self.registered.append((start, end))
+        return address  # an integrated GPU's view of host memory: the same addresses
+
+    # -- launches ---------------------------------------------------------------------------
+
+    def check_pointer(self, ptr: int, nbytes: int = 1) -> None:
+        for base, buf in self._memory.items():
+            if base <= ptr and ptr + nbytes <= base + buf.nbytes:
+                return
+        if any(a <= ptr and ptr + nbytes <= b for a, b in self.registered):
+            return
+        raise RuntimeError(f"CUDA_ERROR_ILLEGAL_ADDRESS: {ptr:#x} (+{nbytes}) is not device-addressable memory")
+
+    def launch(self, fn: str, grid, block, signature: str, args, stream=None, shared: int = 0) -> None:
+        pack_args(self._ffi, signature, args)  # the kinds and count the kernel declares
+        for kind, value in zip(signature, args):
+            if kind == "p":
+                self.check_pointer(value)
+        self.launches.append(fn)
+        name = fn[3:]
+        kernel = KERNELS.get(name) or (matvec if name.startswith("matvec_") else None)
+        kernel(Launch(fn, tuple(grid), tuple(block)), *args)
+
+
+class EmulatedDevice(Device):
+    """runtime.Device on the emulated driver; kernels are looked up, not compiled."""
+
+    def __init__(self, integrated: bool = True):
+        super().__init__(driver=EmulatedDriver(integrated), nvrtc=object())
+
+    def function(self, name: str):
+        for text in programs.sources().values():
+            signatures = programs.kernel_signatures(text)
+            if name in signatures:
+                return name, signatures[name]
+        raise KeyError(name)
+
+
+class Launch:
+    def __init__(self, name, grid, block):
+        self.name, self.grid, self.block = name, grid, block
+
+    def need(self, ok: bool, what: str) -> None:
+        if not ok:
+            raise AssertionError(f"{self.name}: grid {self.grid}, block {self.block}: {what}")
+
+
+def mem(ptr: int, count: int, dtype=np.float32) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * (count * dtype.itemsize)).from_address(ptr)).view(dtype)
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
+    return gq.dequantize(raw, T(ggml_type)).reshape(-1, n).astype(np.float64)
+
+
+# -- the kernels, as NumPy ----------------------------------------------------------------------
+
+def get_rows(L, w, ggml_type, row_bytes, ids, out, n_cols):
+    n_tok = L.grid[1]
+    L.need(L.grid[0] * L.block[0] >= n_cols and L.block[0] == 32, "one block of 32 per 32 columns")
+    rows = [mem(w + int(i) * row_bytes, row_bytes, np.uint8) for i in mem(ids, n_tok, np.int32)]
+    mem(out, n_tok * n_cols)[:] = dequantize(np.concatenate(rows), ggml_type, n_cols).reshape(-1)
+
+
+def quantize_q8_1(L, x, y, n_blocks):
+    L.need(L.grid[0] * L.block[0] // 32 >= n_blocks, "a warp per block of 32")
+    v = mem(x, n_blocks * 32).reshape(-1, 32).astype(np.float32)
+    d = np.abs(v).max(axis=1) / np.float32(127)
+    q = np.where(d[:, None] > 0, np.rint(v / np.where(d > 0, d, 1)[:, None]), 0)
+    blocks = mem(y, n_blocks, Q8_1)
+    blocks["qs"] = q.astype(np.int8)
+    blocks["d"] = d.astype(np.float16)
+    blocks["s"] = (d * q.sum(axis=1)).astype(np.float16)
+
+
+def matvec(L, w, x, out, n_rows, n_cols, row_bytes):
+    ggml_type = T[L.name[len("ek_matvec_"):].upper()]
+    n_tok = L.grid[1]
+    L.need(L.block[:2] == (32, 4) and L.grid[0] * 4 >= n_rows, "a warp per row, 4 rows per block")
+    weights = dequantize(mem(w, n_rows * row_bytes, np.uint8), ggml_type, n_cols)
+    if ggml_type in (T.F32, T.F16, T.BF16):
+        acts = mem(x, n_tok * n_cols).reshape(n_tok, n_cols).astype(np.float64)
+    else:
+        blocks = mem(x, n_tok * n_cols // 32, Q8_1)
+        acts = (blocks["d"].astype(np.float64)[:, None] * blocks["qs"]).reshape(n_tok, n_cols)
+    mem(out, n_tok * n_rows)[:] = (acts @ weights.T).reshape(-1)
+
+
+def _norm(v, w, eps):
+    return v / np.sqrt((v * v).mean(axis=1, keepdims=True) + eps) * w
+
+
+def _rows_block(L, dim):
+    L.need(L.block[0] % 32 == 0 and L.block[0] <= 1024, "a whole number of warps per row")
+
+
+def rms_norm(L, x, w, out, dim, eps):
+    _rows_block(L, dim)
+    n = L.grid[0]
+    mem(out, n * dim)[:] = _norm(mem(x, n * dim).reshape(n, dim).astype(np.float64), mem(w, dim), eps).reshape(-1)
+
+
+def add_rms_norm(L, x, y, w, out, dim, eps):
+    _rows_block(L, dim)
+    n = L.grid[0]
+    xs = mem(x, n * dim)
+    xs += mem(y, n * dim)
+    mem(out, n * dim)[:] = _norm(xs.reshape(n, dim).astype(np.float64), mem(w, dim), eps).reshape(-1)
+
+
+def rms_norm_heads(L, x, w, head_dim, eps):
+    _rows_block(L, head_dim)
+    n = L.grid[0]
+    xs = mem(x, n * head_dim)
+    xs[:] = _norm(xs.reshape(n, head_dim).astype(np.float64), mem(w, head_dim), eps).reshape(-1)
+
+
+def rope(L, x, cos, sin, n_heads, head_dim, half, mode):
+    n_tok = L.grid[2]
+    L.need(L.grid[0] * L.block[0] >= half and L.grid[1] == n_heads, "a thread per pair, grid.y the heads")
+    v = mem(x, n_tok * n_heads * head_dim).reshape(n_tok, n_heads, head_dim)
+    c = mem(cos, n_tok * half).reshape(n_tok, 1, half)
+    s = mem(sin, n_tok * half).reshape(n_tok, 1, half)
+    i = np.arange(half)
+    a, b = (i, i + half) if mode == 2 else (2 * i, 2 * i + 1)
+    x0, x1 = v[:, :, a].copy(), v[:, :, b].copy()
+    v[:, :, a] = x0 * c - x1 * s
+    v[:, :, b] = x0 * s + x1 * c
+
+
+def _elementwise(L, n):
+    L.need(L.grid[0] >= 1 and L.block[0] % 32 == 0, "grid-stride threads")
+
+
+def silu_mul(L, gate, up, n):
+    _elementwise(L, n)
+    g = mem(gate, n)
+    g[:] = g / (1 + np.exp(-g.astype(np.float64))) * mem(up, n)
+
+
+def gelu_mul(L, gate, up, n):
+    _elementwise(L, n)
+    g = mem(gate, n).astype(np.float64)
+    mem(gate, n)[:] = 0.5 * g * (1 + np.tanh(0.7978845608028654 * g * (1 + 0.044715 * g * g))) * mem(up, n)
+
+
+def add(L, x, y, n):
+    _elementwise(L, n)
+    mem(x, n)[:] += mem(y, n)
+
+
+def scale(L, x, s, n):
+    _elementwise(L, n)
+    mem(x, n)[:] *= np.float32(s)
+
+
+def softcap(L, x, cap, n):
+    _elementwise(L, n)
+    v = mem(x, n)
+    v[:] = cap * np.tanh(v.astype(np.float64) / cap)
+
+
+def add_bias(L, x, b, d, n):
+    _elementwise(L, n)
+    mem(x, n).reshape(-1, d)[:] += mem(b, d)
+
+
+def rotate(L, x, h, r):
+    L.need(L.block[0] == r, "a block of r threads per run")
+    runs = L.grid[0]
+    v = mem(x, runs * r).reshape(runs, r)
+    v[:] = v.astype(np.float64) @ mem(h, r * r).reshape(r, r)
+
+
+def kv_write(L, src, slots, ring, ggml_type, limit, n_tok, n_kv, hd, cap, row_bytes):
+    per_row = hd // 32 if ggml_type in KV_BLOCK_TYPES else hd
+    L.need(L.grid[0] * L.block[0] >= n_tok * n_kv * per_row, "a thread per block (or value)")
+    x = np.clip(mem(src, n_tok * n_kv * hd).reshape(n_tok, n_kv, hd), -limit, limit)
+    rows = mem(ring, n_kv * cap * row_bytes, np.uint8).reshape(n_kv, cap, row_bytes)
+    for t, slot in enumerate(mem(slots, n_tok, np.int32)):
+        rows[:, slot] = gq.quantize(x[t], T(ggml_type)).view(np.uint8).reshape(n_kv, row_bytes)
+
+
+def attention(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
+              cap, row_bytes_k, row_bytes_v, out):
+    n_tok = L.grid[1]
+    L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
+    queries = mem(q, n_tok * n_heads * hd_k).reshape(n_tok, n_heads, hd_k).astype(np.float64)
+    pos = mem(slot_pos, cap, np.int32)[:n_slots]
+    keys = dequantize(mem(k, n_kv * cap * row_bytes_k, np.uint8).reshape(n_kv, cap, -1)[:, :n_slots].reshape(-1),
+                      type_k, hd_k).reshape(n_kv, n_slots, hd_k)
+    values = dequantize(mem(v, n_kv * cap * row_bytes_v, np.uint8).reshape(n_kv, cap, -1)[:, :n_slots].reshape(-1),
+                        type_v, hd_v).reshape(n_kv, n_slots, hd_v)
+    result = mem(out, n_tok * n_heads * hd_v).reshape(n_tok, n_heads, hd_v)
+    group = n_heads // n_kv
+    for t, qp in enumerate(mem(q_pos, n_tok, np.int32)):
+        visible = (pos >= 0) & (pos <= qp) & ((window == 0) | (qp - pos < window))
+        for h in range(n_heads):
+            scores = keys[h // group] @ queries[t, h] * scale_
+            scores = np.where(visible, scores, -np.inf)
+            p = np.exp(scores - scores.max())
+            result[t, h] = p @ values[h // group] / p.sum()
+
+
+KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
+                                   gelu_mul, add, scale, softcap, add_bias, rotate, kv_write, attention)}

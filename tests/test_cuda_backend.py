@@ -1,0 +1,210 @@
+"""The CUDA backend's host side without a GPU: whole forward passes through CUDABackend on
+the emulated driver (tests/cuda_emulator.py: each native/ kernel's arithmetic in NumPy,
+every launch's arguments, grid and pointers checked as a GPU would), against the float64
+NumPy reference (tests/numpy_reference.py) and the CPU backend: both architectures and
+their relatives, every weight type, every cache type, rings that wrap under shift and
+stream, host memory registered once per page (mapped weights on an integrated GPU, uploaded
+on a discrete one), one copy out per decode step. The kernels' own code is
+tests/test_cuda_host.py's (built for the CPU) and tests/test_cuda_device.py's (on a GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_emulator import EmulatedDevice
+from edgekv.backends import cuda_launch as shape
+from edgekv.backends.cuda import CUDABackend, DeviceScratch
+from edgekv.cuda.arrays import DeviceArray, page_aligned
+from edgekv.errors import EdgeKVError
+from edgekv.loader import load
+from numpy_reference import ReferenceModel, ReferenceSession
+
+rng = np.random.default_rng(12)
+BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # gemma3, see below
+WIDE = dict(dim=256, ff=512, n_heads=4, n_kv_heads=2, head_dim=64)  # K-quants stay K-quants; 64-wide heads rotate
+
+
+def cuda_model(path, integrated: bool = True):
+    return load(path, backend=CUDABackend(EmulatedDevice(integrated)))
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "phi3"])
+def test_decode_and_prefill_match_the_float64_reference(tiny_model, arch):
+    path = tiny_model(arch)
+    s = cuda_model(path).session(n_ctx=64, n_batch=8, cache_type_k="f32", cache_type_v="f32")
+    ref = ReferenceSession(ReferenceModel(path))
+    prompt = rng.integers(0, s.n_vocab, 11)
+    got = s.eval(list(prompt), all_logits=True)  # chunks of 8 and 3
+    want = np.stack([ref.step(int(t)) for t in prompt])
+    errs = [relative_error(got, want)]
+    for t in rng.integers(0, s.n_vocab, 6):
+        s.eval([int(t)])
+        errs.append(relative_error(s.logits, ref.step(int(t))))
+    # gemma3: the reference rounds GELU's input to f16 as ggml does; the kernel does not
+    assert max(errs) < (2e-3 if arch == "gemma3" else 1e-4), errs
+
+
+@pytest.mark.parametrize("weight_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"])
+def test_every_weight_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_model, weight_type):
+    path = tiny_model("llama", weight_type, **WIDE)
+    tokens = [int(t) for t in rng.integers(0, 200, 12)]
+    ref = ReferenceSession(ReferenceModel(path))  # float64 over the dequantized weights
+    exact = np.stack([ref.step(t) for t in tokens])
+    cpu = load(path, backend="cpu").session(n_ctx=32, cache_type_k="f32", cache_type_v="f32")
+    gpu = cuda_model(path).session(n_ctx=32, cache_type_k="f32", cache_type_v="f32")
+    cpu_err = relative_error(cpu.eval(tokens, all_logits=True), exact)
+    gpu_err = relative_error(gpu.eval(tokens, all_logits=True), exact)
+    # the quantized types multiply activations rounded to 8 bits per 32 values (Q8_1 here, the
+    # CPU's Q8_0/Q8_K): an error of the same size as the CPU's; the float types none
+    assert gpu_err < (1e-4 if weight_type in ("F16", "BF16") else max(2 * cpu_err, 1e-3)), (gpu_err, cpu_err)
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_cache_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_model, arch, cache_type):
+    path = tiny_model(arch, **WIDE)
+    tokens = [int(t) for t in rng.integers(0, 200, 20)]
+    ref = ReferenceSession(ReferenceModel(path, cache_type, cache_type))  # K/V rounded through the type
+    exact = np.stack([ref.step(t) for t in tokens])
+
+    def errors(model):
+        s = model.session(n_ctx=32, n_batch=8, cache_type_k=cache_type, cache_type_v=cache_type)
+        out = [s.eval(tokens[:12], all_logits=True)]
+        for t in tokens[12:]:
+            s.eval([t])
+            out.append(s.logits[None].copy())
+        got = np.concatenate(out)
+        return np.abs(got - exact).max(axis=1) / np.abs(exact).max(axis=1)
+
+    # the ring holds the type's bytes (Hadamard-rotated when quantized), written by ek_kv_write
+    # and read in place by ek_attention. llama: the values the reference rounds, so the error
+    # is the CPU's size or less. gemma3: the GPU's GELU is tanhf, not ggml's f16 table (CUDA
+    # ggml's too), so K/V differ by ~5e-4 and values near a rounding boundary land on the
+    # other side: an error of the size of the type's own rounding noise, which a wrong
+    # rotation, block layout or slot would exceed a hundredfold
+    gpu, cpu = errors(cuda_model(path)), errors(load(path, backend="cpu"))
+    if arch == "llama" or cache_type in ("f32", "f16", "bf16"):
+        assert gpu.max() < max(3 * cpu.max(), 1e-3), (gpu.max(), cpu.max())
+    else:
+        assert gpu.max() < BLOCK_NOISE[cache_type] and np.median(gpu) < BLOCK_NOISE[cache_type] / 2, gpu
+
+
+@pytest.mark.parametrize("policy", ["shift", "stream"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_ring_that_wraps_matches_the_reference(tiny_model, arch, policy):
+    path = tiny_model(arch)
+    s = cuda_model(path).session(n_ctx=16, n_batch=1, cache_type_k="f32", cache_type_v="f32", context_shift=policy,
+                                 n_keep=2)
+    ref = ReferenceSession(ReferenceModel(path))
+    errs = []
+    for t in rng.integers(0, s.n_vocab, 40):
+        before = s.n_tokens
+        s.eval([int(t)])
+        if before + 1 - s.n_tokens:
+            ref.evict(s.last_evicted)
+        errs.append(relative_error(s.logits, ref.step(int(t))))
+    assert s.n_tokens <= 16 and max(errs) < (2e-3 if arch == "gemma3" else 1e-4), max(errs)
+
+
+def test_greedy_text_is_the_cpu_backends(tiny_model):
+    from edgekv import Llama
+
+    path = str(tiny_model("gemma3", "Q8_0", **WIDE))
+    want = Llama(path, n_ctx=64, backend="cpu", verbose=False)("hello", max_tokens=16, temperature=0)
+    got = Llama(path, n_ctx=64, backend=CUDABackend(EmulatedDevice()), verbose=False)("hello", max_tokens=16,
+                                                                                       temperature=0)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("integrated", [True, False])
+def test_weights_are_mapped_on_an_integrated_gpu_and_uploaded_to_a_discrete_one(tiny_model, integrated):
+    model = cuda_model(tiny_model("llama", "Q8_0", **WIDE), integrated)
+    driver = model.backend.device.driver
+    file_pages = [r for r in driver.registered if r[1] - r[0] >= len(model.network.source._map) - 4096]
+    weights = model.network.layers[0].wq.buf
+    assert weights.mapped == integrated and len(file_pages) == (1 if integrated else 0)
+    s = model.session(n_ctx=32)
+    s.eval([1, 2, 3])
+    rings = len(driver.registered) - len(file_pages)
+    assert rings == 3 * model.hp.n_layers  # K, V and slot positions of each layer, each its own pages
+
+
+def test_a_decode_step_copies_the_logits_out_once_and_launches_the_same_kernels(tiny_model):
+    model = cuda_model(tiny_model("gemma3"))
+    driver = model.backend.device.driver
+    s = model.session(n_ctx=32, n_batch=4)
+    s.eval([1, 2, 3, 4, 5])
+    steps = []
+    for t in (6, 7, 8):
+        copies, start = driver.copies_to_host, len(driver.launches)
+        s.eval([t])
+        assert driver.copies_to_host == copies + 1
+        steps.append(driver.launches[start:])
+    assert steps[0] == steps[1] == steps[2] and "ek_attention" in steps[0]
+
+
+def test_a_state_restored_into_the_cache_is_attended_on_the_device(tiny_model):
+    path = tiny_model("llama")
+    s = cuda_model(path).session(n_ctx=32)
+    s.eval([5, 6, 7, 8])
+    state = s.snapshot()
+    s.eval([9])
+    want = s.logits.copy()
+    s.restore(state)  # the cache takes over the state's arrays (copies the GPU can map)
+    s.eval([9])
+    np.testing.assert_array_equal(s.logits, want)
+
+
+def test_what_the_gpu_does_not_do_yet_is_a_clear_error(tiny_model):
+    s = cuda_model(tiny_model("llama")).session(n_ctx=16, context_shift="keep", n_keep=2)
+    with pytest.raises(EdgeKVError, match="`keep` overflow policy is not on the CUDA backend yet"):
+        s.eval([1, 2, 3])
+
+
+def test_an_unmapped_host_array_never_reaches_a_kernel():
+    device = EmulatedDevice()
+    with pytest.raises(ValueError, match="must own its pages"):
+        device.host_pointer(np.zeros(100, np.float32)[1:])
+    a = page_aligned((3, 1000), np.float32, 7)
+    assert a.ctypes.data % 4096 == 0 and (a == 7).all()
+    base = device.host_pointer(a)
+    assert device.host_pointer(a[1:]) == base + 4000  # inside a registered range: no new registration
+    assert len(device.driver.registered) == 1
+    with pytest.raises(RuntimeError, match="ILLEGAL_ADDRESS"):
+        device.launch("ek_scale", (1,), (256,), np.zeros(4, np.float32).ctypes.data, 2.0, 4)
+
+
+def test_device_arrays_slice_and_reshape_as_the_graphs_use_them():
+    a = DeviceArray(4096, (8, 12))
+    assert a[2:5].ptr == 4096 + 2 * 12 * 4 and a[2:5].shape == (3, 12)
+    assert a[:3].reshape(3, 4, 3).shape == (3, 4, 3) and a.reshape(-1, 6).shape == (16, 6)
+    with pytest.raises(TypeError):
+        a[np.array([1, 2])]
+    with pytest.raises(ValueError):
+        a.reshape(5, 5)
+
+
+def test_launch_shapes_cover_the_work():
+    assert shape.matvec(577, 3) == shape.Launch((145, 3), (32, 4))
+    assert shape.attention(9, 2) == shape.Launch((9, 2), (32,))
+    assert shape.rows(5, 576).block == (256,) and shape.rows(5, 40).block == (64,)
+    assert shape.elementwise(10**9).grid == (shape.ELEMENTWISE_MAX_BLOCKS,)
+    assert shape.rotate(4 * 256, 256) == shape.Launch((4,), (256,))
+    with pytest.raises(ValueError):
+        shape.rotate(1024, 512)
+
+
+def test_device_scratch_has_the_cpu_scratchs_buffers(tiny_model):
+    from edgekv.models.base import Scratch
+
+    hp = load(tiny_model("gemma3")).hp
+    cpu, dev = Scratch(hp, 4, 1), DeviceScratch(hp, 4, EmulatedDevice())
+    for name in ("x", "h", "o", "q", "k", "v", "att", "gate", "up"):
+        assert getattr(dev, name).shape == getattr(cpu, name).shape
+    assert dev.cos["local"].shape == cpu.cos["local"].shape
