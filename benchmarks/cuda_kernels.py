@@ -87,8 +87,9 @@ def attention_us(dev, heads: tuple[int, int, int], cache: str, rng) -> float:
     q, out = dev.upload(rng.standard_normal((n_heads, hd)).astype(np.float32)), dev.alloc(n_heads * hd * 4)
     pos = dev.upload(np.arange(DEPTH, dtype=np.int32))
     qp = dev.upload(np.array([DEPTH - 1], np.int32))
+    n_slots = dev.upload(np.array([DEPTH], np.int32))
     rb = rows.shape[-1]
-    return _time(dev, lambda: dev.launch("ek_attention", (n_heads, 1), (32,), q, qp, k, v, pos, DEPTH, 0, 0.125,
+    return _time(dev, lambda: dev.launch("ek_attention", (n_heads, 1), (32,), q, qp, k, v, pos, n_slots, 0, 0.125,
                                          int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb, out), n=50) * 1e6
 
 

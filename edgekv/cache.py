@@ -203,7 +203,7 @@ class KVCache:
                          None if m is None else m.mean[layer], None if m is None else m.scale[layer],
                          None if m is None else self.sink_k[layer],
                          self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None,
-                         self.ring_addresses()[layer])
+                         self.ring_addresses()[layer], layer)
 
     def ring_addresses(self) -> np.ndarray:
         """i64[n_layers, 3]: the data addresses of each layer's k, v and pos arrays (made once;

@@ -255,7 +255,7 @@ class Session:
             try:
                 with bookkeeping.interruptible() if kind in ran else contextlib.nullcontext():
                     if self.runner is None:
-                        self.model.forward(chunk, self.cache, res, self.scratch, rows, logits)
+                        self.model.backend.run(self.model, chunk, self.cache, res, self.scratch, rows, logits)
                     else:
                         self.runner.forward(self, chunk, res, rows, logits)
                 ran.add(kind)

@@ -38,6 +38,8 @@ class EmulatedDriver:
         self.registered: list[tuple[int, int]] = []  # host ranges [start, end)
         self.launches: list[str] = []  # kernel names, in order
         self.copies_to_host = 0
+        self.capture: list | None = None  # launches recorded since begin_capture
+        self.graph_launches = 0
         self._ffi = cffi.FFI()
 
     # -- what runtime.Device calls ----------------------------------------------------------
@@ -52,7 +54,30 @@ class EmulatedDriver:
         return None
 
     def synchronize(self, stream) -> None:
-        pass
+        self.not_capturing("cuStreamSynchronize")
+
+    # -- CUDA graphs: launches recorded under capture, run again by launch_graph ------------
+
+    def not_capturing(self, what: str) -> None:
+        if self.capture is not None:
+            raise RuntimeError(f"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: {what} while the stream is captured")
+
+    def begin_capture(self, stream) -> None:
+        self.not_capturing("cuStreamBeginCapture")
+        self.capture = []
+
+    def end_capture(self, stream):
+        graph, self.capture = self.capture, None
+        return graph
+
+    def launch_graph(self, graph, stream) -> None:
+        self.not_capturing("cuGraphLaunch")
+        self.graph_launches += 1
+        for fn, grid, block, signature, args in graph:
+            self.launch(fn, grid, block, signature, args)
+
+    def destroy_graph(self, graph) -> None:
+        graph.clear()
 
     def load_module(self, cubin):
         return cubin
@@ -61,27 +86,33 @@ class EmulatedDriver:
         return name
 
     def alloc(self, nbytes: int) -> int:
+        self.not_capturing("cuMemAlloc")
         buf = np.zeros(max(nbytes, 1), np.uint8)
         self._memory[buf.ctypes.data] = buf
         return buf.ctypes.data
 
     def free(self, ptr: int) -> None:
+        self.not_capturing("cuMemFree")
         del self._memory[ptr]
 
     def memset(self, dst: int, value: int, nbytes: int, stream=None) -> None:
+        self.not_capturing("cuMemsetD8Async")
         self.check_pointer(dst, nbytes)
         ctypes.memset(dst, value, nbytes)
 
     def to_device(self, dst: int, src: np.ndarray, nbytes: int, stream=None) -> None:
+        self.not_capturing("cuMemcpyHtoDAsync from pageable memory")
         self.check_pointer(dst, nbytes)
         ctypes.memmove(dst, np.ascontiguousarray(src).ctypes.data, nbytes)
 
     def to_host(self, dst: np.ndarray, src: int, nbytes: int, stream=None) -> None:
+        self.not_capturing("cuMemcpyDtoHAsync to pageable memory")
         self.check_pointer(src, nbytes)
         ctypes.memmove(dst.ctypes.data, src, nbytes)
         self.copies_to_host += 1
 
     def register_host(self, address: int, nbytes: int, read_only: bool = True) -> int:
+        self.not_capturing("cuMemHostRegister")
         start, end = address - address % PAGE, -(-(address + nbytes) // PAGE) * PAGE
         if any(a < end and start < b for a, b in self.registered):
             raise RuntimeError("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: a page of this range is registered")
@@ -103,6 +134,9 @@ class EmulatedDriver:
         for kind, value in zip(signature, args):
             if kind == "p":
                 self.check_pointer(value)
+        if self.capture is not None:
+            self.capture.append((fn, grid, block, signature, list(args)))
+            return
         self.launches.append(fn)
         name = fn[3:]
         kernel = KERNELS.get(name) or (matvec if name.startswith("matvec_") else None)
@@ -274,6 +308,7 @@ def attention(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type
     n_tok = L.grid[1]
     L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
     queries = mem(q, n_tok * n_heads * hd_k).reshape(n_tok, n_heads, hd_k).astype(np.float64)
+    n_slots = int(mem(n_slots, 1, np.int32)[0])
     pos = mem(slot_pos, cap, np.int32)[:n_slots]
     keys = dequantize(mem(k, n_kv * cap * row_bytes_k, np.uint8).reshape(n_kv, cap, -1)[:, :n_slots].reshape(-1),
                       type_k, hd_k).reshape(n_kv, n_slots, hd_k)

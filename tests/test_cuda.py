@@ -63,7 +63,7 @@ def test_every_kernel_has_a_signature_the_launcher_packs():
         assert all(set(sig) <= set("pifq") and sig for sig in signatures.values()), signatures
     assert programs.kernel_signatures(programs.sources()["matvec.cu"])["ek_matvec_q6_K"] == "pppiii"
     attention = programs.kernel_signatures(programs.sources()["attention.cu"])["ek_attention"]
-    assert attention == "ppppp" + "iif" + "i" * 9 + "p"
+    assert attention == "pppppp" + "if" + "i" * 9 + "p"
     assert programs.kernel_signatures(programs.sources()["activations.cu"])["ek_scale"] == "pfq"
 
 

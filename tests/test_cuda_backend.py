@@ -131,8 +131,8 @@ def test_weights_are_mapped_on_an_integrated_gpu_and_uploaded_to_a_discrete_one(
     assert weights.mapped == integrated and len(file_pages) == (1 if integrated else 0)
     s = model.session(n_ctx=32)
     s.eval([1, 2, 3])
-    rings = len(driver.registered) - len(file_pages)
-    assert rings == 3 * model.hp.n_layers  # K, V and slot positions of each layer, each its own pages
+    starts = {start for start, _ in driver.registered}  # K, V and slot positions of each layer: their own pages
+    assert all(a.ctypes.data in starts for a in s.cache.k + s.cache.v + s.cache.pos)
 
 
 def test_a_decode_step_copies_the_logits_out_once_and_launches_the_same_kernels(tiny_model):
@@ -208,3 +208,51 @@ def test_device_scratch_has_the_cpu_scratchs_buffers(tiny_model):
     for name in ("x", "h", "o", "q", "k", "v", "att", "gate", "up"):
         assert getattr(dev, name).shape == getattr(cpu, name).shape
     assert dev.cos["local"].shape == cpu.cos["local"].shape
+
+
+def _decode(model, tokens, **session):
+    s = model.session(**session)
+    out = []
+    for t in tokens:
+        s.eval([int(t)])
+        out.append(s.logits.copy())
+    return s, np.array(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_replayed_decode_step_equals_the_plain_one(tiny_model, arch, monkeypatch):
+    path = tiny_model(arch, **WIDE)
+    tokens = rng.integers(0, 200, 40)
+    options = dict(n_ctx=16, n_batch=1, cache_type_k="q8_0", cache_type_v="f16", context_shift="shift", n_keep=2)
+    model = cuda_model(path)
+    s, replayed = _decode(model, tokens, **options)  # the ring wraps and shifts twice under the graph
+    graphs, driver = model.backend.graphs, model.backend.device.driver
+    assert graphs.captured == 1 and graphs.replayed == len(tokens) - 2  # the first eager, the second captured
+    assert driver.graph_launches == len(tokens) - 1
+    monkeypatch.setenv("EDGEKV_CUDA_GRAPHS", "0")
+    plain_model = cuda_model(path)
+    _, plain = _decode(plain_model, tokens, **options)
+    assert plain_model.backend.graphs.captured == 0
+    np.testing.assert_array_equal(replayed, plain)
+
+
+def test_a_graph_goes_with_its_cache_and_when_a_buffer_it_uses_grows(tiny_model):
+    path = tiny_model("llama", "Q8_0", **WIDE)  # activations quantized in a staging buffer
+    model = cuda_model(path)
+    graphs = model.backend.graphs
+    s, _ = _decode(model, [1, 2, 3], n_ctx=64)
+    assert len(graphs.graphs) == 1
+    other = model.session(n_ctx=64)
+    other.eval(list(range(1, 40)))  # a longer chunk than any before: the staging buffers grow
+    assert len(graphs.graphs) == 0
+    for t in (4, 5, 6):  # captured again, on the new buffers
+        s.eval([t])
+    assert len(graphs.graphs) == 1 and graphs.captured == 2
+    ref = load(path, backend="cpu").session(n_ctx=64)
+    ref.eval([1, 2, 3, 4, 5, 6])
+    assert relative_error(s.logits, ref.logits) < 2e-2
+    del s
+    import gc
+
+    gc.collect()
+    assert len(graphs.graphs) == 0  # the cache it pointed into is gone

@@ -175,7 +175,7 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
     out = dev.alloc(q.nbytes)
     for window in (0, 12):
         dev.launch("ek_attention", (n_heads, n_tok), (32,), _f32(dev, q), dev.upload(q_pos), dev.upload(k),
-                   dev.upload(v), dev.upload(slot_pos), cap, window, 0.125, int(tk), int(tv), n_heads, n_kv, hd, hd,
+                   dev.upload(v), dev.upload(slot_pos), dev.upload(np.array([cap], np.int32)), window, 0.125, int(tk), int(tv), n_heads, n_kv, hd, hd,
                    cap, k.shape[-1], v.shape[-1], out)
         got = dev.download(out, np.zeros_like(q))
         kd, vd = dequantize(k, tk), dequantize(v, tv)

@@ -63,6 +63,7 @@ class LayerView:
     # i64[3]: the data addresses of k, v and slot_pos (a kernel that takes several sessions'
     # rings at once reads them by address: kernels/attention_sessions.py)
     addresses: np.ndarray | None = None
+    index: int = -1  # which layer of its cache this is (-1: unknown)
 
     @property
     def plain_f16(self) -> bool:
@@ -97,6 +98,13 @@ class Backend(ABC):
     @property
     def rows_independent(self) -> bool:
         return getattr(self._mode, "independent", False)
+
+    # -- a forward pass ----------------------------------------------------------------------
+
+    def run(self, model, tokens: np.ndarray, cache, res, scratch, rows: np.ndarray, logits: np.ndarray) -> None:
+        """model.forward(tokens, cache, res, scratch, rows, logits): how a session runs a chunk
+        (a backend may replay a captured decode step instead: backends/cuda_graphs.py)."""
+        model.forward(tokens, cache, res, scratch, rows, logits)
 
     # -- memory ------------------------------------------------------------------------------
 

@@ -5,16 +5,18 @@ of a native/ kernel (edgekv/cuda/: compiled by NVRTC at first use, launched thro
 driver API), and `DeviceScratch`, a session's activations in device memory (the same names
 as models.base.Scratch, as `DeviceArray`s, so the architectures' graphs run unchanged).
 What does not: the kernels (native/), the launch shapes (cuda_launch.py), attention over
-the ring (cuda_attention.py).
+the ring (cuda_attention.py), a step's inputs (cuda_inputs.py), CUDA graphs (cuda_graphs.py).
 
 Where things live. Weights: `Device.weights` (mapped where they lie on an integrated GPU,
 Jetson's, so RAM holds one copy; uploaded once to a discrete GPU). Activations: device
 memory. The K/V rings and slot positions: page-aligned host arrays the cache allocates
 through `ring_array`, registered and mapped, so the cache's host bookkeeping (reservations,
 shifts, state files, snapshots) reads and writes the same bytes the kernels do. A step's
-inputs go in as small copies (token ids, RoPE tables, each layer's slots); the logits come
-out in one copy, which also ends the step: every forward pass ends with `project` into the
-host's logits (0 rows: a synchronize), so the host never touches a ring the GPU is writing.
+inputs (token ids, positions, slots, RoPE tables) are written by the host into mapped
+memory the kernels read (cuda_inputs.py); the logits come out in one copy, which also ends
+the step: every forward pass ends with `project` into the host's logits (0 rows: a
+synchronize), so the host never touches a ring or an input the GPU is still reading.
+Decode steps are captured as CUDA graphs and replayed (cuda_graphs.py).
 
 Operations on host arrays (a cache shift's keys, state files' rows) run on the CPU backend.
 """
@@ -34,6 +36,9 @@ from ..quants import row_nbytes
 from . import cuda_launch as shape
 from .base import Backend, LayerView
 from .cpu import CPUBackend
+from .cuda_attention import RingAttention
+from .cuda_graphs import DecodeGraphs
+from .cuda_inputs import HostInputs, Recording, Step
 
 # the weight types with a matvec kernel (native/matvec.cu), by ggml type
 MATVEC = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q8_0: "q8_0", T.Q4_K: "q4_K",
@@ -70,9 +75,9 @@ class DeviceScratch:
                  "att": hp.n_heads * hp.head_dim_v, "gate": hp.ff, "up": hp.ff}
         for name, cols in sizes.items():
             setattr(self, name, device.array((n_batch, cols)))
-        half = hp.rope_dims // 2
-        self.cos = {kind: device.array((n_batch, half)) for kind in ("global", "local")}
-        self.sin = {kind: device.array((n_batch, half)) for kind in ("global", "local")}
+        half = hp.rope_dims // 2  # the RoPE tables: made by the host each step, in mapped memory
+        self.cos = {kind: device.mapped_array((n_batch, half)) for kind in ("global", "local")}
+        self.sin = {kind: device.mapped_array((n_batch, half)) for kind in ("global", "local")}
         self.n_batch = n_batch
 
 
@@ -83,29 +88,70 @@ class CUDABackend(Backend):
     def __init__(self, device: Device | None = None):
         self.device = device or Device()
         self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
-        self._staging: dict[str, Buffer] = {}  # growing device buffers a step's inputs and temporaries use
+        self._staging: dict[str, Buffer] = {}  # growing device buffers for a step's temporaries
         self._vectors: dict[int, tuple[np.ndarray, Buffer]] = {}  # host vector id -> (it, its device copy)
-        from .cuda_attention import RingAttention
-
+        self._retired: list[Buffer] = []
+        self.inputs = HostInputs(self.device)  # an eager step's inputs (a captured step has its own)
+        self.recording: Recording | None = None  # while a decode step is being captured
         self.rings = RingAttention(self)
+        self.graphs = DecodeGraphs(self)
+
+    # -- a step ---------------------------------------------------------------------------------
+
+    def run(self, model, tokens, cache, res, scratch, rows, logits) -> None:
+        try:
+            self.graphs.run(model, tokens, cache, res, scratch, rows, logits)
+        except BaseException:
+            self.synchronize()  # before the session rolls its cache back: the GPU may still be writing it
+            raise
+
+    def eager(self, model, step: Step, scratch) -> None:
+        model.forward(step.tokens, step.cache, step.res, scratch, step.rows, step.logits)
+
+    def begin_recording(self, recording: Recording, inputs: HostInputs) -> None:
+        self.recording, self._eager_inputs, self.inputs = recording, self.inputs, inputs
+
+    def end_recording(self) -> None:
+        self.recording, self.inputs = None, self._eager_inputs
+
+    def synchronize(self) -> None:
+        """Wait for the stream; the eager inputs may then be written over."""
+        self.device.synchronize()
+        self.inputs.reset()
+
+    def input(self, values: np.ndarray, source: Callable[[Step], np.ndarray] | None) -> int:
+        """values (a step's input) where the kernels read them; the device address. Under
+        capture, source(step) gives the next step's values (None: they cannot be known)."""
+        address, view = self.inputs.put(values)
+        if self.recording is not None:
+            if source is None:
+                self.recording.broken = "an input that is not the step's"
+            else:
+                self.recording.writers.append(lambda step: view.__setitem__(..., source(step)))
+        return address
+
+    def source(self, value, of_step: Callable[[Step], Any]):
+        """of_step, when value is what of_step finds in the step being captured (else None)."""
+        rec = self.recording
+        return of_step if rec is not None and of_step(rec.step) is value else None
 
     # -- device memory ----------------------------------------------------------------------
 
     def staging(self, name: str, nbytes: int) -> Buffer:
-        """A device buffer of at least nbytes kept for `name` (grown when a step needs more)."""
+        """A device buffer of at least nbytes kept for `name` (grown when a step needs more;
+        the graphs pointing at the old one are dropped, a capture under way is refused)."""
         buf = self._staging.get(name)
         if buf is None or buf.nbytes < nbytes:
-            if buf is not None:
+            if buf is not None and self.recording is not None:
+                self.recording.broken = f"staging buffer {name!r} grew"
+                self._retired.append(buf)  # freed once the capture is over
+            elif buf is not None:
+                self.graphs.clear()
                 self.device.free(buf)
+                for old in self._retired:
+                    self.device.free(old)
+                self._retired.clear()
             buf = self._staging[name] = self.device.alloc(max(nbytes, 256))
-        return buf
-
-    def put(self, name: str, host: np.ndarray) -> Buffer:
-        """host (a step's input: ids, slots, RoPE rows) copied into the staging buffer `name`."""
-        host = np.ascontiguousarray(host)
-        buf = self.staging(name, host.nbytes)
-        if host.nbytes:
-            self.device.driver.to_device(buf.ptr, host, host.nbytes, self.device.stream)
         return buf
 
     def vector(self, v: np.ndarray) -> Buffer:
@@ -148,7 +194,7 @@ class CUDABackend(Backend):
         if not isinstance(out, DeviceArray):
             raise EdgeKVError("the CUDA backend embeds into device arrays only (its DeviceScratch)")
         n = ids.shape[0]
-        dev_ids = self.put("ids", ids.astype(np.int32))
+        dev_ids = self.input(ids.astype(np.int32), self.source(ids, lambda st: st.tokens))
         self.launch("ek_get_rows", shape.get_rows(n, w.n_cols), w.buf, int(w.ggml_type), w.row_bytes, dev_ids, out,
                     w.n_cols)
 
@@ -158,7 +204,8 @@ class CUDABackend(Backend):
     def project_many(self, ws: Sequence[DeviceMatrix], x, outs: Sequence[Any]) -> None:
         n = x.shape[0]
         if n == 0:  # no rows (a chunk whose logits nobody asked for): the step still ends here
-            self.device.synchronize()
+            if self.recording is None:
+                self.synchronize()
             return
         q8 = None
         if any(w.quantized for w in ws):  # the activations quantized to Q8_1 once for all of them
@@ -170,9 +217,15 @@ class CUDABackend(Backend):
             dst = self.staging("out", out.nbytes).ptr if host is not None else out.ptr
             self.launch(w.kernel, shape.matvec(w.n_rows, n), w.buf, q8 if w.quantized else x, dst, w.n_rows,
                         w.n_cols, w.row_bytes)
-            if host is not None:  # logits: the step's one copy out, which waits for it
-                self.device.driver.to_host(host, dst, host.nbytes, self.device.stream)
-                self.device.synchronize()
+            if host is None:
+                continue
+            if self.recording is not None:  # captured: the copy out follows each replay
+                if host is not self.recording.step.logits:
+                    self.recording.broken = "logits into another array"
+                self.recording.outputs.append((dst, host.nbytes))
+                continue
+            self.device.driver.to_host(host, dst, host.nbytes, self.device.stream)  # the step's one copy out
+            self.synchronize()
 
     def take_rows(self, x, rows: np.ndarray):
         if not isinstance(x, DeviceArray):
@@ -180,7 +233,7 @@ class CUDABackend(Backend):
         dim = x.shape[1]
         out = DeviceArray(self.staging("rows", max(len(rows), 1) * dim * 4).ptr, (len(rows), dim))
         if len(rows):
-            ids = self.put("row_ids", np.asarray(rows, np.int32))
+            ids = self.input(np.asarray(rows, np.int32), self.source(rows, lambda st: st.rows))
             self.launch("ek_get_rows", shape.get_rows(len(rows), dim), x, int(T.F32), dim * 4, ids, out, dim)
         return out
 
@@ -202,10 +255,16 @@ class CUDABackend(Backend):
     def rope_tables(self, positions, n_rot, theta, scaling, freq_factors, cos, sin) -> None:
         if not isinstance(cos, DeviceArray):
             return self.host.rope_tables(positions, n_rot, theta, scaling, freq_factors, cos, sin)
-        host_cos, host_sin = np.empty(cos.shape, np.float32), np.empty(sin.shape, np.float32)
-        self.host.rope_tables(positions, n_rot, theta, scaling, freq_factors, host_cos, host_sin)
-        for table, host in ((cos, host_cos), (sin, host_sin)):
-            self.device.driver.to_device(table.ptr, host, host.nbytes, self.device.stream)
+        host_cos, host_sin = cos.host, sin.host  # the scratch's mapped tables
+
+        def write(pos) -> None:
+            self.host.rope_tables(pos, n_rot, theta, scaling, freq_factors, host_cos, host_sin)
+
+        write(positions)
+        if self.recording is not None:
+            if self.source(positions, lambda st: st.res.positions) is None:
+                self.recording.broken = "RoPE tables of other positions"
+            self.recording.writers.append(lambda step: write(step.res.positions))
 
     def rope(self, x, cos, sin, mode) -> None:
         if not isinstance(x, DeviceArray):
@@ -252,11 +311,11 @@ class CUDABackend(Backend):
     # -- the KV cache -------------------------------------------------------------------------
 
     def store_kv(self, dst, ggml_type, slots, src, limit) -> None:
-        self.device.synchronize()  # the rings are the GPU's too: it must be done with them
+        self.synchronize()  # the rings are the GPU's too: it must be done with them
         self.host.store_kv(dst, ggml_type, slots, src, limit)
 
     def load_kv(self, rows, ggml_type, hd, slots) -> np.ndarray:
-        self.device.synchronize()
+        self.synchronize()
         return self.host.load_kv(rows, ggml_type, hd, slots)
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:

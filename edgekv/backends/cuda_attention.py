@@ -40,6 +40,13 @@ class RingAttention:
             hit = self._pointers[id(a)] = (a, self.backend.device.host_pointer(a, read_only=not writable))
         return hit[1]
 
+    def slot_count(self, layer: LayerView):
+        """How a replay finds the layer's slot count: its cache's `used` (what layer_view reads)."""
+        rec, i = self.backend.recording, layer.index
+        if rec is None or not 0 <= i < len(rec.step.cache.k) or rec.step.cache.k[i] is not layer.k:
+            return None
+        return lambda step: np.int32(step.cache.used[i])
+
     def rotate(self, x: DeviceArray, h: np.ndarray | None) -> None:
         if h is not None:
             r = h.shape[0]
@@ -59,7 +66,8 @@ class RingAttention:
         self.rotate(q, layer.rot_k)
         self.rotate(k, layer.rot_k)
         self.rotate(v, layer.rot_v)
-        dev_slots = be.put("slots", np.asarray(slots, np.int32))
+        i = layer.index  # a replayed step's slots, positions and slot count come from its reservation and cache
+        dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
         k_ring, v_ring = self.pointer(layer.k, True), self.pointer(layer.v, True)
         cap = layer.slot_pos.shape[0]
         for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
@@ -67,9 +75,10 @@ class RingAttention:
             per_row = hd // 32 if ggml_type in QUANTIZED_BLOCK_BYTES else hd
             be.launch("ek_kv_write", shape.kv_write(n * n_kv * per_row), src, dev_slots, ring, int(ggml_type),
                       float(limit), n, n_kv, hd, cap, host.shape[2])
-        q_pos = be.put("positions", np.asarray(positions, np.int32))
+        q_pos = be.input(np.asarray(positions, np.int32), be.source(positions, lambda st: st.res.positions))
+        n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
         be.launch("ek_attention", shape.attention(n_heads, n), q, q_pos, k_ring, v_ring,
-                  self.pointer(layer.slot_pos, False), int(layer.n_slots), int(layer.window), float(scale),
+                  self.pointer(layer.slot_pos, False), n_slots, int(layer.window), float(scale),
                   int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
                   layer.v.shape[2], out)
         self.rotate(out, layer.rot_v)

@@ -10,7 +10,7 @@ share a page). What does not: allocation and copies (runtime.Device).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,11 +19,13 @@ PAGE = 4096  # registration works on whole pages; 4 KiB divides every page size 
 
 @dataclass(frozen=True)
 class DeviceArray:
-    """C-contiguous device memory: ptr, shape and dtype (float32 unless said)."""
+    """C-contiguous device memory: ptr, shape and dtype (float32 unless said); host: for
+    mapped host memory, the host's view of the same bytes (None: device memory)."""
 
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype = np.dtype(np.float32)
+    host: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def ndim(self) -> int:
@@ -50,7 +52,8 @@ class DeviceArray:
         start, stop, _ = key.indices(self.shape[0])
         stop = max(start, stop)
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
-        return DeviceArray(self.ptr + start * row, (stop - start,) + self.shape[1:], self.dtype)
+        host = None if self.host is None else self.host[start:stop]
+        return DeviceArray(self.ptr + start * row, (stop - start,) + self.shape[1:], self.dtype, host)
 
     def reshape(self, *shape) -> "DeviceArray":
         if len(shape) == 1 and isinstance(shape[0], tuple):
@@ -61,7 +64,7 @@ class DeviceArray:
             shape = tuple(self.size // known if s == -1 else s for s in shape)
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape a device array of shape {self.shape} into {shape}")
-        return DeviceArray(self.ptr, shape, self.dtype)
+        return DeviceArray(self.ptr, shape, self.dtype, None if self.host is None else self.host.reshape(shape))
 
 
 def page_aligned(shape, dtype, fill=0) -> np.ndarray:

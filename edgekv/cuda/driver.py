@@ -293,6 +293,9 @@ class Driver:
     def launch_graph(self, exe: Any, stream: Any) -> None:
         self.check(self.lib.cuGraphLaunch(exe, stream), "cuGraphLaunch")
 
+    def destroy_graph(self, exe: Any) -> None:
+        self.check(self.lib.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+
 
 def open_driver() -> Driver:
     """The driver, initialised: EDGEKV_LIBCUDA (a path) or libcuda.so.1 from the loader's search path."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import programs
-from .arrays import PAGE, DeviceArray
+from .arrays import PAGE, DeviceArray, page_aligned
 from .driver import DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
 
@@ -127,6 +127,12 @@ class Device:
         buf = self.alloc(out.nbytes)
         self.driver.memset(buf.ptr, 0, buf.nbytes, self.stream)
         return DeviceArray(buf.ptr, out.shape, out.dtype)
+
+    def mapped_array(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceArray:
+        """A new zeroed host array the device reads and writes through its mapping (for a
+        step's inputs the host rewrites between launches); `.host` is the host's view."""
+        host = page_aligned(shape, dtype)
+        return DeviceArray(self.host_pointer(host, read_only=False), tuple(shape), host.dtype, host)
 
     def free(self, buf: Buffer) -> None:
         """Give back memory alloc made (after the stream's work that may read it)."""

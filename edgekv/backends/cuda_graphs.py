@@ -1,0 +1,114 @@
+"""Decode steps captured as CUDA graphs and replayed (as llama.cpp's CUDA backend does): a
+one-token step launches a few hundred small kernels, whose launch cost, from Python above
+all, would otherwise be most of the step.
+
+How: the first one-token step of a session (per cache, scratch and logit row count) runs
+eagerly (kernels are loaded and vectors uploaded on first use), the second runs its
+forward pass under stream capture; the backend's operations record, beside the
+launches, how each input is rewritten from the next step (cuda_inputs.Recording). Later
+steps only rewrite the inputs in their mapped host memory, launch the graph, and copy the
+logits out. Every value that changes from step to step is read by the kernels from memory
+(ids, positions, slots, the slot count of each layer: ek_attention's `n_slots`), so the
+captured launches stay right as the ring fills, wraps or shifts.
+
+Not captured (run eagerly): chunks of several tokens, sessions decoding together
+(batch.py), a cache being observed (kv_calibration), and any step whose inputs the capture
+could not learn to rewrite (Recording.broken). A graph is dropped when what it points at
+goes: its cache, its scratch, or a staging buffer that grew. EDGEKV_CUDA_GRAPHS=0 turns
+capture off (for comparing against it; GGML_CUDA_DISABLE_GRAPHS is llama.cpp's).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..cache import KVCache
+from .cuda_inputs import HostInputs, Recording, Step, step_bytes
+
+if TYPE_CHECKING:
+    from .cuda import CUDABackend
+
+
+@dataclass
+class Graph:
+    exe: Any  # the instantiated graph
+    recording: Recording
+    inputs: HostInputs  # the graph's own inputs: their addresses are in its launches
+
+
+def graphs_enabled() -> bool:
+    return os.environ.get("EDGEKV_CUDA_GRAPHS", "1").strip() not in ("0", "off", "false", "no")
+
+
+class DecodeGraphs:
+    def __init__(self, backend: "CUDABackend"):
+        self.backend = backend
+        self.graphs: dict[tuple, Graph] = {}
+        self.refused: set[tuple] = set()  # keys whose capture broke: run eagerly
+        self.warm: set[tuple] = set()  # keys that ran once eagerly: the next such step is captured
+        self.captured = self.replayed = 0  # for tests and `edgekv bench`'s notes
+
+    def run(self, model, tokens: np.ndarray, cache, res, scratch, rows: np.ndarray, logits: np.ndarray) -> None:
+        be = self.backend
+        step = Step(tokens, cache, res, rows, logits)
+        if tokens.shape[0] != 1 or type(cache) is not KVCache or cache.observer is not None or not graphs_enabled():
+            be.eager(model, step, scratch)
+            return
+        key = (id(model), id(cache), id(scratch), len(rows), cache.ring_addresses().tobytes())
+        graph = self.graphs.get(key)
+        if graph is None:
+            if key in self.warm and key not in self.refused:
+                graph = self.capture(model, step, scratch, key)
+            if graph is None:
+                self.warm.add(key)  # the first such step runs eagerly: it loads kernels, uploads vectors
+                be.eager(model, step, scratch)
+                return
+        else:
+            graph.recording.write(step)
+            self.replayed += 1
+        driver, stream = be.device.driver, be.device.stream
+        driver.launch_graph(graph.exe, stream)
+        for (ptr, nbytes), out in zip(graph.recording.outputs, (logits,)):
+            driver.to_host(out, ptr, nbytes, stream)
+        be.synchronize()
+
+    def capture(self, model, step: Step, scratch, key: tuple) -> Graph | None:
+        be = self.backend
+        driver, stream = be.device.driver, be.device.stream
+        be.synchronize()
+        inputs, recording = HostInputs(be.device, reserve=step_bytes(len(step.cache.k))), Recording(step)
+        be.begin_recording(recording, inputs)
+        driver.begin_capture(stream)
+        try:
+            model.forward(step.tokens, step.cache, step.res, scratch, step.rows, step.logits)
+        finally:
+            exe = driver.end_capture(stream)
+            be.end_recording()
+        if recording.broken is not None or len(recording.outputs) != 1:
+            driver.destroy_graph(exe)
+            self.refused.add(key)
+            return None
+        graph = self.graphs[key] = Graph(exe, recording, inputs)
+        for owner in (step.cache, scratch):  # its pointers die with them
+            weakref.finalize(owner, self.forget, key)
+        self.captured += 1
+        return graph
+
+    def forget(self, key: tuple) -> None:
+        graph = self.graphs.pop(key, None)
+        self.refused.discard(key)
+        self.warm.discard(key)
+        if graph is not None:
+            self.backend.device.driver.destroy_graph(graph.exe)
+
+    def clear(self) -> None:
+        """Drop every graph (a buffer their launches point at was replaced)."""
+        for key in list(self.graphs):
+            self.forget(key)
+        self.refused.clear()
+        self.warm.clear()
