@@ -119,6 +119,11 @@ class EmulatedDriver:
         self.registered.append((start, end))
         return address  # an integrated GPU's view of host memory: the same addresses
 
+    def unregister_host(self, address: int) -> None:
+        self.not_capturing("cuMemHostUnregister")
+        (entry,) = [r for r in self.registered if r[0] == address - address % PAGE]
+        self.registered.remove(entry)
+
     # -- launches ---------------------------------------------------------------------------
 
     def check_pointer(self, ptr: int, nbytes: int = 1) -> None:

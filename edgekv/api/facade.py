@@ -71,7 +71,7 @@ class Llama(CompletionsMixin, StateMixin):
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
         minus the weights (context.default_mem_budget).
-        backend: where the arithmetic runs: "auto", "cpu", "cpu-portable" (edgekv.backends);
+        backend: where the arithmetic runs: "auto", "cpu", "cpu-portable", "cuda" (edgekv.backends);
         None: EDGEKV_BACKEND, default auto. n_gpu_layers (llama-cpp-python's): nonzero asks
         for the GPU with backend auto; where CUDA cannot run, one line on stderr says why and
         the model runs on the CPU (only whole-model offload is planned: any nonzero value)."""

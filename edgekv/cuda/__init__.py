@@ -9,13 +9,13 @@ same code runs on Jetson Orin (JetPack 5/6, sm_87) and on desktop GPUs.
 What lives here: `probe()` -> `CudaStatus`, what `edgekv info` reports and the backend
 choice asks (driver version, devices, NVRTC, and the first reason CUDA cannot be used).
 State of the work (issue 12): the driver, NVRTC, the compile cache, a runtime that
-launches kernels by name (runtime.py) and the kernels (native/README.md: every GGUF weight
-type, norms, rope, activations, K/V write in the 8 cache types, attention over the ring,
-the context shift's re-rotation) exist and are tested on the CPU (tests/test_cuda.py: every
-source compiles for sm_87 and sm_90; tests/test_cuda_host.py: the arithmetic, built for the
-host, against gguf.quants and float64) and, on a GPU, by tests/test_cuda_device.py through
-tools/gpu_check.sh. The CUDA backend's forward pass (device-resident activations and rings,
-a decode step captured as a CUDA graph) is not built yet, so `--backend cuda` says so.
+launches kernels by name (runtime.py), the kernels (native/README.md) and the backend that
+runs a forward pass on them (backends/cuda.py, with CUDA-graph decode) exist and are
+tested on the CPU (tests/test_cuda.py: every source compiles for sm_87 and sm_90;
+tests/test_cuda_host.py: the kernels' arithmetic built for the host; tests/
+test_cuda_backend.py: whole models on an emulated driver) and, on a GPU, by
+tests/test_cuda_device.py and test_cuda_models.py through tools/gpu_check.sh, which has not
+yet run on a GPU.
 """
 
 from __future__ import annotations

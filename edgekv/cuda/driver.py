@@ -261,6 +261,9 @@ class Driver:
         self.check(self.lib.cuMemHostGetDevicePointer_v2(dptr, ptr, 0), "cuMemHostGetDevicePointer")
         return int(dptr[0])
 
+    def unregister_host(self, address: int) -> None:
+        self.check(self.lib.cuMemHostUnregister(self.ffi.cast("void *", address)), "cuMemHostUnregister")
+
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the current context's device."""
         free, total = self.ffi.new("size_t *"), self.ffi.new("size_t *")

@@ -17,6 +17,7 @@ kernels a forward pass runs (the CUDA backend, to come: issue 12).
 from __future__ import annotations
 
 import mmap
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,10 +110,18 @@ class Device:
         for start, end, dptr in self._registered:
             if start <= lo and lo + array.nbytes <= end:
                 return dptr + lo - start
-        start, nbytes = _region(array)
+        start, nbytes, owner = _region(array)
         dptr = self.driver.register_host(start, nbytes, read_only)
         self._registered.append((start, start + nbytes, dptr))
+        # unregistered when the memory goes (a new mapping may take its addresses)
+        weakref.finalize(owner, self._unregister, start)
         return dptr + lo - start
+
+    def _unregister(self, start: int) -> None:
+        entry = next((e for e in self._registered if e[0] == start), None)
+        if entry is not None:
+            self._registered.remove(entry)
+            self.driver.unregister_host(start)
 
     def weights(self, array: np.ndarray) -> Buffer:
         """Weights as the device should hold them: mapped where the GPU shares the host's
@@ -151,16 +160,17 @@ class Device:
         self._owned.clear()
 
 
-def _region(array: np.ndarray) -> tuple[int, int]:
-    """(start, nbytes) of the whole pages to register for array: its file mapping's, when it
-    is a view of one (GGUF tensors), else its own, which must start on a page."""
+def _region(array: np.ndarray) -> tuple[int, int, object]:
+    """(start, nbytes, owner) of the whole pages to register for array: its file mapping's,
+    when it is a view of one (GGUF tensors), else its own, which must start on a page; owner
+    is the object whose end frees them."""
     root = array
     while isinstance(root.base, np.ndarray):
         root = root.base
     mapping = root.base.obj if isinstance(root.base, memoryview) else root.base
     if isinstance(mapping, mmap.mmap):
-        return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping)
+        return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping), mapping
     lo = array.ctypes.data
     if lo % PAGE:
         raise ValueError("a host array the GPU addresses must own its pages (edgekv.cuda.arrays.page_aligned)")
-    return lo, -(-array.nbytes // PAGE) * PAGE
+    return lo, -(-array.nbytes // PAGE) * PAGE, root
