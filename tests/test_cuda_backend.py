@@ -20,6 +20,7 @@ from edgekv.cuda.arrays import DeviceArray, page_aligned
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
 from numpy_reference import ReferenceModel, ReferenceSession
+from test_batch_decode import _solo
 
 rng = np.random.default_rng(12)
 BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # gemma3, see below
@@ -256,3 +257,23 @@ def test_a_graph_goes_with_its_cache_and_when_a_buffer_it_uses_grows(tiny_model)
 
     gc.collect()
     assert len(graphs.graphs) == 0  # the cache it pointed into is gone
+
+
+def test_sessions_decoding_together_match_their_solo_steps(tiny_model):
+    from edgekv.batch import DecodeStep, decode_together
+
+    model = cuda_model(tiny_model("gemma3", "Q8_0", **WIDE))  # windowed layers: rings that wrap
+    net = model.network
+    sessions = []
+    for n in (3, 11, 30):
+        s = model.session(n_ctx=64, n_batch=8, cache_type_k="q8_0", cache_type_v="f16")
+        s.eval([int(t) for t in rng.integers(0, 200, n)])
+        sessions.append(s)
+    tokens = [7, 8, 9]
+    solo = _solo(sessions, tokens)
+    rows = [np.zeros((1, net.hp.n_vocab), np.float32) for _ in sessions]
+    steps = [DecodeStep(t, s.cache, s.cache.reserve(1), row) for s, t, row in zip(sessions, tokens, rows)]
+    decode_together(net, steps, net.backend.scratch(net.hp, 3), np.zeros((3, net.hp.n_vocab), np.float32))
+    # on a GPU each (row, token) of a matvec is its own warp: bit for bit; NumPy's float64 products here
+    for got, want in zip(rows, solo):
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)

@@ -2,15 +2,17 @@
 part of `make test`; tools/gpu_check.sh runs it on a machine with a GPU).
 
 Teacher-forced: both backends are fed the CPU's greedy tokens, so one near-tie cannot send
-them down different texts. Each step's logits must agree within the model's tolerance, and
-the greedy choice must be the same unless the CPU's top two are closer than twice the
-step's difference. The tolerance is not the issue's 1e-2: both backends round activations
-to 8 bits before the quantized weights multiply them, the GPU to Q8_1 (as llama.cpp's CUDA
-backend), the CPU to Q8_0/Q8_K (as llama.cpp's CPU backend), and on the real models that
-alone moves the logits by 3.5e-2 (SmolLM2, Q4_1) and 8.8e-2 (gemma3, Q4_K_M) of their
-scale, measured through the emulated driver, where each is as far from the float64
-reference as the CPU is (4.8e-2 vs 4.3e-2; 8.7e-2 vs 15.4e-2). So the greedy test also
-holds the GPU to the float64 reference: no further from it than 1.25 times the CPU.
+them down different texts. The logits must agree within the model's tolerance (the mean
+over the steps and the worst step of max|gpu - cpu| / max|cpu|), and the greedy choice must
+be the same unless the CPU's top two are closer than twice the step's difference. The
+tolerance is not the issue's 1e-2: both backends round activations to 8 bits before the
+quantized weights multiply them, the GPU to Q8_1 (as llama.cpp's CUDA backend), the CPU to
+Q8_0/Q8_K (as llama.cpp's CPU backend). Measured through the emulated driver on a prompt of
+8 tokens and 24 greedy ones, that alone moves the logits, GPU against CPU, by 3.1e-2 on
+average and 6.3e-2 at worst (SmolLM2, Q4_1) and by 4.3e-2 and 6.0e-2 (gemma3, Q4_K_M),
+while each backend is as far from the float64 reference as the other or closer (SmolLM2:
+3.3e-2 both; gemma3: GPU 2.3e-2, CPU 4.0e-2, on average). So the greedy test also holds
+the GPU to the float64 reference: on average no further from it than 1.25 times the CPU.
 Tiny generated models always; the two real models when
 EDGEKV_GPU_REAL_MODELS=1 (gpu_check.sh sets it when it could fetch them), else a reported
 skip. The tiny models' weights are float: a random model's logits swing with the way
@@ -34,10 +36,12 @@ pytestmark = pytest.mark.gpu
 
 WIDE = dict(dim=256, ff=512, n_heads=4, n_kv_heads=2, head_dim=64)
 MODELS = ["tiny-llama-F32", "tiny-gemma3-F16", "smollm2", "gemma3"]
-LOGIT_TOL = {"tiny-llama-F32": 1e-2, "tiny-gemma3-F16": 1e-2, "smollm2": 6e-2, "gemma3": 1.5e-1}
+# (mean over the steps, worst step) of max|gpu - cpu| / max|cpu|
+LOGIT_TOL = {"tiny-llama-F32": (1e-2, 1e-2), "tiny-gemma3-F16": (1e-2, 1e-2), "smollm2": (4e-2, 1e-1),
+             "gemma3": (5e-2, 1e-1)}
 # 4- and 5-bit caches: a K/V value the two backends compute a hair apart (gemma3's GELU is
 # tanhf on the GPU, ggml's f16 table on the CPU) may round to the next code: the types' own noise
-CACHE_NOISE = {"q4_0": 5e-2, "q4_1": 5e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # added to the model's tolerance
+CACHE_NOISE = {"q4_0": 5e-2, "q4_1": 5e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # added to the model's tolerances
 
 
 @pytest.fixture
@@ -65,7 +69,7 @@ def _steps(path, backend: str, tokens, **session) -> np.ndarray:
 def _greedy_tokens(path, n: int, **session) -> list[int]:
     model = load(path, backend="cpu")
     s = model.session(**session)
-    tokens = [t % model.hp.n_vocab for t in (1, 415, 2936, 9060, 285, 1142, 28705, 13)]
+    tokens = model.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")[:8]
     s.eval(tokens)
     for _ in range(n):
         tokens.append(int(np.argmax(s.logits)))
@@ -73,16 +77,18 @@ def _greedy_tokens(path, n: int, **session) -> list[int]:
     return tokens
 
 
-def _agree(gpu: np.ndarray, cpu: np.ndarray, tol: float) -> None:
+def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per step (row): max|a - b| / max|b|."""
+    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
+
+
+def _agree(gpu: np.ndarray, cpu: np.ndarray, tol: tuple[float, float], noise: float = 0.0) -> None:
+    errs = _relative(gpu, cpu)
+    assert errs.mean() < tol[0] + noise and errs.max() < tol[1] + noise, f"logits differ by {errs}"
     for step, (g, c) in enumerate(zip(gpu, cpu)):
-        diff = np.abs(g - c).max()
-        assert diff / np.abs(c).max() < tol, f"step {step}: logits differ by {diff / np.abs(c).max():.2e} of their scale"
         top = np.sort(c)[::-1]
+        diff = np.abs(g - c).max()
         assert np.argmax(g) == np.argmax(c) or top[0] - top[1] < 2 * diff, f"step {step}: greedy choice differs"
-
-
-def _relative(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.mark.parametrize("model_path", MODELS, indirect=True)
@@ -92,7 +98,7 @@ def test_greedy_32_tokens_follow_the_cpu(model_path):
     gpu, cpu = _steps(path, "cuda", tokens, n_ctx=128), _steps(path, "cpu", tokens, n_ctx=128)
     _agree(gpu, cpu, tol)
     exact = ReferenceModel(path).logits(tokens)[7:]  # the rows _steps returns
-    assert _relative(gpu, exact) < max(1.25 * _relative(cpu, exact), 1e-3)
+    assert _relative(gpu, exact).mean() < max(1.25 * _relative(cpu, exact).mean(), 1e-3)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
@@ -101,8 +107,8 @@ def test_every_cache_type_follows_the_cpu(model_path, cache_type):
     path, tol = model_path
     tokens = _greedy_tokens(path, 16, n_ctx=64)
     options = dict(n_ctx=64, cache_type_k=cache_type, cache_type_v=cache_type)
-    _agree(_steps(path, "cuda", tokens, **options), _steps(path, "cpu", tokens, **options),
-           tol + CACHE_NOISE.get(cache_type, 0.0))
+    _agree(_steps(path, "cuda", tokens, **options), _steps(path, "cpu", tokens, **options), tol,
+           CACHE_NOISE.get(cache_type, 0.0))
 
 
 @pytest.mark.parametrize("policy", ["shift", "stream"])

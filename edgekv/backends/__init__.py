@@ -73,7 +73,7 @@ def resolve_backend_name(name: str | None = None) -> str:
     asked = name if name is not None else os.environ.get("EDGEKV_BACKEND", "") or "auto"
     asked = asked.strip().lower()
     if asked == "auto":
-        return available_backends()[0]
+        return next(name for name in BACKENDS if why_unavailable(name) is None)  # cpu: never probes CUDA
     reason = why_unavailable(asked)
     if reason is not None:
         source = "" if name is not None else " (from EDGEKV_BACKEND)"

@@ -90,8 +90,9 @@ class CUDABackend(Backend):
         self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
         self._staging: dict[str, Buffer] = {}  # growing device buffers for a step's temporaries
         self._vectors: dict[int, tuple[np.ndarray, Buffer]] = {}  # host vector id -> (it, its device copy)
-        self._retired: list[Buffer] = []
+        self._retired: list[Buffer] = []  # staging buffers replaced while a capture ran
         self.inputs = HostInputs(self.device)  # an eager step's inputs (a captured step has its own)
+        self._eager_inputs = self.inputs
         self.recording: Recording | None = None  # while a decode step is being captured
         self.rings = RingAttention(self)
         self.graphs = DecodeGraphs(self)
