@@ -310,9 +310,11 @@ class KVCache:
             self.tallies.set_by_position(self.pos[self.tally_layer], mass, seen)
 
     def _shift_rows(self, layer: int, slots: np.ndarray, delta: np.ndarray, shift_keys) -> None:
+        key_map = self.key_map if self.kinds_k[layer].calibrated else None
+        if key_map is None and self.backend.shift_ring(self.layer_view(layer), slots, delta, shift_keys):
+            return  # re-rotated where the rows lie (the CUDA backend)
         k = self.load_k(layer, slots)  # [m, n_kv, hd]
         rot = self.rot_k[layer]
-        key_map = self.key_map if self.kinds_k[layer].calibrated else None
         rotate(k, rot)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
         if key_map is not None:
             key_map.unkeys(layer, k)

@@ -23,6 +23,7 @@ from . import heavy_hitters
 from .cache import KeyMap, KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
+from .models.base import KeyShift
 
 log = logging.getLogger("edgekv")
 
@@ -221,7 +222,7 @@ class Session:
         drop = self._to_evict(need, keep, movable)
         log.info("context full: dropping %d tokens after the first %d (%s)", drop.size, keep, self.context_shift)
         n_ctx = self.cache.capacity
-        self.cache.evict(drop, lambda layer, k, delta: self.model.shift_keys(layer, k, delta, n_ctx))
+        self.cache.evict(drop, KeyShift(self.model, n_ctx))
         kept = np.ones(len(self.tokens), bool)
         kept[drop] = False
         self.tokens[:] = np.asarray(self.tokens)[kept].tolist()

@@ -137,7 +137,7 @@ class EmulatedDriver:
     def launch(self, fn: str, grid, block, signature: str, args, stream=None, shared: int = 0) -> None:
         pack_args(self._ffi, signature, args)  # the kinds and count the kernel declares
         for kind, value in zip(signature, args):
-            if kind == "p":
+            if kind == "p" and value != 0:  # a null pointer argument is fine until it is read
                 self.check_pointer(value)
         if self.capture is not None:
             self.capture.append((fn, grid, block, signature, list(args)))
@@ -330,5 +330,25 @@ def attention(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type
             result[t, h] = p @ values[h // group] / p.sum()
 
 
+def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap, row_bytes, half, mode):
+    L.need(L.grid[0] * L.block[0] >= m * n_kv, "a thread per (slot, KV head)")
+    rows = mem(ring, n_kv * cap * row_bytes, np.uint8).reshape(n_kv, cap, row_bytes)
+    c, s = mem(cos, m * half).reshape(m, half), mem(sin, m * half).reshape(m, half)
+    rot = mem(h, r * r).reshape(r, r).astype(np.float64) if r else None
+    i = np.arange(half)
+    a, b = (i, i + half) if mode == 2 else (2 * i, 2 * i + 1)
+    for j, slot in enumerate(mem(slots, m, np.int32)):
+        x = dequantize(rows[:, slot].reshape(-1), ggml_type, hd)  # [n_kv, hd]
+        if rot is not None:
+            x = (x.reshape(-1, r) @ rot).reshape(n_kv, hd)
+        x0, x1 = x[:, a].copy(), x[:, b].copy()
+        x[:, a], x[:, b] = x0 * c[j] - x1 * s[j], x0 * s[j] + x1 * c[j]
+        if rot is not None:
+            x = (x.reshape(-1, r) @ rot).reshape(n_kv, hd)
+        x = np.clip(x, -limit, limit).astype(np.float32)
+        rows[:, slot] = gq.quantize(x, T(ggml_type)).view(np.uint8).reshape(n_kv, row_bytes)
+
+
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
-                                   gelu_mul, add, scale, softcap, add_bias, rotate, kv_write, attention)}
+                                   gelu_mul, add, scale, softcap, add_bias, rotate, kv_write, attention,
+                                   kv_shift)}

@@ -111,6 +111,7 @@ def test_a_ring_that_wraps_matches_the_reference(tiny_model, arch, policy):
             ref.evict(s.last_evicted)
         errs.append(relative_error(s.logits, ref.step(int(t))))
     assert s.n_tokens <= 16 and max(errs) < (2e-3 if arch == "gemma3" else 1e-4), max(errs)
+    assert ("ek_kv_shift" in s.model.backend.device.driver.launches) == (policy == "shift")
 
 
 def test_greedy_text_is_the_cpu_backends(tiny_model):
@@ -230,6 +231,7 @@ def test_a_replayed_decode_step_equals_the_plain_one(tiny_model, arch, monkeypat
     graphs, driver = model.backend.graphs, model.backend.device.driver
     assert graphs.captured == 1 and graphs.replayed == len(tokens) - 2  # the first eager, the second captured
     assert driver.graph_launches == len(tokens) - 1
+    assert "ek_kv_shift" in driver.launches  # the shifts re-rotated the q8_0 keys in the ring, on the device
     monkeypatch.setenv("EDGEKV_CUDA_GRAPHS", "0")
     plain_model = cuda_model(path)
     _, plain = _decode(plain_model, tokens, **options)

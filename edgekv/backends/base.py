@@ -218,6 +218,12 @@ class Backend(ABC):
         """The slots `slots` (a slice or indices) of a layer's K or V rows u8[n_kv, cap,
         row_bytes] of ggml_type, dequantized: a new f32[n_kv, len(slots), hd]."""
 
+    def shift_ring(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:
+        """A context shift's keys re-rotated in the ring itself: the K rows in `slots` moved by
+        delta (i32[m]) positions, shift a models.base.KeyShift (its tables and layout). False:
+        not done here, the cache reads the keys out, shifts and writes them back (the default)."""
+        return False
+
     @abstractmethod
     def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: np.ndarray, k: np.ndarray,
                v: np.ndarray, out: np.ndarray, scale: float, scratch: Any) -> None:

@@ -319,6 +319,10 @@ class CUDABackend(Backend):
         self.synchronize()
         return self.host.load_kv(rows, ggml_type, hd, slots)
 
+    def shift_ring(self, layer: LayerView, slots, delta, shift) -> bool:
+        self.synchronize()  # the step before must be done with the ring
+        return self.rings.shift(layer, slots, delta, shift)
+
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         if not isinstance(q, DeviceArray):
             return self.host.attend(layer, slots, positions, q, k, v, out, scale, scratch)

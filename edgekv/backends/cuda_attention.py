@@ -19,6 +19,7 @@ import numpy as np
 
 from ..cuda.arrays import DeviceArray
 from ..errors import EdgeKVError
+from ..quants import row_nbytes
 from . import cuda_launch as shape
 from .base import LayerView
 
@@ -82,3 +83,25 @@ class RingAttention:
                   int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
                   layer.v.shape[2], out)
         self.rotate(out, layer.rot_v)
+
+    def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:
+        """A context shift's K rows re-rotated in the ring by ek_kv_shift (CUDABackend.shift_ring)."""
+        tables = getattr(shift, "tables", None)
+        if tables is None or layer.key_scale is not None:
+            return False
+        be = self.backend
+        cos, sin = tables(layer.index, delta)
+        m, half = cos.shape
+        n_kv, cap, row_bytes = layer.k.shape
+        rot = layer.rot_k
+        be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.pointer(layer.k, True),
+                  be.input(np.asarray(slots, np.int32), None), be.input(cos, None), be.input(sin, None),
+                  0 if rot is None else be.vector(rot), 0 if rot is None else rot.shape[0], int(layer.type_k),
+                  float(layer.limit_k), m, n_kv, self.head_dim(layer), cap, row_bytes, half, int(shift.mode))
+        be.synchronize()  # the host may read the ring next
+        return True
+
+    @staticmethod
+    def head_dim(layer: LayerView) -> int:
+        """The K head size of a ring, from its row bytes in the cache type (32 values a block)."""
+        return layer.k.shape[2] * 32 // row_nbytes(layer.type_k, 32)

@@ -291,13 +291,34 @@ class Decoder:
         delta (an int, or i32[m]: one per key; a RoPE rotation composes additively in the
         position), with the layer's base and the RoPE factors of a session of n_ctx tokens. With a RoPE magnitude factor
         (YaRN, LongRoPE) llama.cpp's shift multiplies the keys by it again; so does this."""
-        hp, m = self.hp, k.shape[0]
+        cos, sin = self.shift_tables(layer, delta, k.shape[0], n_ctx)
+        self.backend.rope(k, cos, sin, self.hp.rope_mode)
+
+    def shift_tables(self, layer: int, delta, m: int, n_ctx: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin: f32[m, rope_dims / 2], the rotation shift_keys applies to m keys."""
+        hp = self.hp
         theta = hp.rope_theta_local if hp.local_layers[layer] else hp.rope_theta
         half = hp.rope_dims // 2
         cos, sin = np.empty((m, half), np.float32), np.empty((m, half), np.float32)
         deltas = np.broadcast_to(np.asarray(delta, np.int32), (m,)).copy()
         self.backend.rope_tables(deltas, hp.rope_dims, theta, hp.rope_scaling, self.rope_factors(n_ctx), cos, sin)
-        self.backend.rope(k, cos, sin, hp.rope_mode)
+        return cos, sin
+
+
+class KeyShift:
+    """A session's context shift of its cached keys (what KVCache.evict is given): called on
+    keys read out of the cache, or, where the backend re-rotates them in the ring itself
+    (Backend.shift_ring), asked for the rotation's tables and layout."""
+
+    def __init__(self, model: Decoder, n_ctx: int):
+        self.model, self.n_ctx = model, n_ctx
+        self.mode = model.hp.rope_mode
+
+    def __call__(self, layer: int, k: np.ndarray, delta) -> None:
+        self.model.shift_keys(layer, k, delta, self.n_ctx)
+
+    def tables(self, layer: int, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.shift_tables(layer, delta, len(delta), self.n_ctx)
 
 
 @dataclass
