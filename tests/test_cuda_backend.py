@@ -279,3 +279,49 @@ def test_sessions_decoding_together_match_their_solo_steps(tiny_model):
     # on a GPU each (row, token) of a matvec is its own warp: bit for bit; NumPy's float64 products here
     for got, want in zip(rows, solo):
         np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_with_host_work_on_its_logits_is_not_captured(tiny_model):
+    # gemma's final softcap runs on the host's logits after the copy out: a replay would skip it
+    path = tiny_model("gemma3", metadata={"gemma3.final_logit_softcapping": 3.0})
+    model = cuda_model(path)
+    assert model.hp.final_softcap == 3.0
+    _, got = _decode(model, [1, 2, 3, 4, 5], n_ctx=32)
+    assert model.backend.graphs.captured == 0 and len(model.backend.graphs.refused) == 1
+    _, want = _decode(load(path, backend="cpu"), [1, 2, 3, 4, 5], n_ctx=32)
+    assert relative_error(got, want) < 2e-3 and np.abs(got).max() <= 3.0
+
+
+def test_weights_the_driver_will_not_map_are_copied_saying_so(tiny_model, monkeypatch, caplog):
+    from edgekv.cuda.driver import CudaError
+
+    device = EmulatedDevice(integrated=True)
+    refuse = device.driver.register_host
+
+    def register(address, nbytes, read_only=True):
+        if read_only:
+            raise CudaError("cuMemHostRegister failed: CUDA_ERROR_NOT_SUPPORTED")
+        return refuse(address, nbytes, read_only)
+
+    monkeypatch.setattr(device.driver, "register_host", register)
+    path = tiny_model("llama", "Q8_0", **WIDE)
+    model = load(path, backend=CUDABackend(device))
+    assert not model.network.layers[0].wq.buf.mapped
+    assert sum("copying them to the GPU" in r.message for r in caplog.records) == 1
+    got = model.session(n_ctx=32).eval([1, 2, 3], all_logits=True)
+    want = load(path, backend="cpu").session(n_ctx=32).eval([1, 2, 3], all_logits=True)
+    assert relative_error(got, want) < 2e-2
+
+
+def test_a_sessions_rings_are_unregistered_when_it_goes(tiny_model):
+    import gc
+
+    model = cuda_model(tiny_model("llama"))
+    driver = model.backend.device.driver
+    s = model.session(n_ctx=32)
+    s.eval([1, 2, 3])
+    rings = {a.ctypes.data for a in s.cache.k + s.cache.v + s.cache.pos}
+    assert rings <= {start for start, _ in driver.registered}
+    del s
+    gc.collect()
+    assert not rings & {start for start, _ in driver.registered}  # a later allocation may take those pages

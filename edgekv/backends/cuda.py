@@ -136,6 +136,13 @@ class CUDABackend(Backend):
         rec = self.recording
         return of_step if rec is not None and of_step(rec.step) is value else None
 
+    def on_host(self) -> CPUBackend:
+        """The CPU backend, for an operation on host arrays (a shift's keys, gemma's softcap on
+        the logits): a capture cannot replay it, so a step that does one is not captured."""
+        if self.recording is not None:
+            self.recording.broken = "an operation on host arrays"
+        return self.host
+
     # -- device memory ----------------------------------------------------------------------
 
     def staging(self, name: str, nbytes: int) -> Buffer:
@@ -242,14 +249,14 @@ class CUDABackend(Backend):
 
     def rms_norm(self, x, weight, eps, out) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.rms_norm(x, weight, eps, out)
+            return self.on_host().rms_norm(x, weight, eps, out)
         if x.shape[0]:
             self.launch("ek_rms_norm", shape.rows(x.shape[0], x.shape[1]), x, self.vector(weight), out, x.shape[1],
                         float(eps))
 
     def rms_norm_heads(self, x, weight, eps) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.rms_norm_heads(x, weight, eps)
+            return self.on_host().rms_norm_heads(x, weight, eps)
         n, heads, hd = x.shape
         self.launch("ek_rms_norm_heads", shape.rows(n * heads, hd), x, self.vector(weight), hd, float(eps))
 
@@ -269,7 +276,7 @@ class CUDABackend(Backend):
 
     def rope(self, x, cos, sin, mode) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.rope(x, cos, sin, mode)
+            return self.on_host().rope(x, cos, sin, mode)
         n, heads, hd = x.shape
         self.launch("ek_rope", shape.rope(cos.shape[1], heads, n), x, cos, sin, heads, hd, cos.shape[1], int(mode))
 
@@ -284,29 +291,29 @@ class CUDABackend(Backend):
 
     def _elementwise(self, kernel: str, x, y) -> None:
         if not isinstance(x, DeviceArray):
-            return getattr(self.host, kernel[3:])(x, y)
+            return getattr(self.on_host(), kernel[3:])(x, y)
         self.launch(kernel, shape.elementwise(x.size), x, y, x.size)
 
     def add_rms_norm(self, x, y, weight, eps, out) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.add_rms_norm(x, y, weight, eps, out)
+            return self.on_host().add_rms_norm(x, y, weight, eps, out)
         if x.shape[0]:
             self.launch("ek_add_rms_norm", shape.rows(x.shape[0], x.shape[1]), x, y, self.vector(weight), out,
                         x.shape[1], float(eps))
 
     def add_bias(self, x, b) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.add_bias(x, b)
+            return self.on_host().add_bias(x, b)
         self.launch("ek_add_bias", shape.elementwise(x.size), x, self.vector(b), x.shape[-1], x.size)
 
     def scale(self, x, s) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.scale(x, s)
+            return self.on_host().scale(x, s)
         self.launch("ek_scale", shape.elementwise(x.size), x, float(s), x.size)
 
     def softcap(self, x, cap) -> None:
         if not isinstance(x, DeviceArray):
-            return self.host.softcap(x, cap)
+            return self.on_host().softcap(x, cap)
         self.launch("ek_softcap", shape.elementwise(x.size), x, float(cap), x.size)
 
     # -- the KV cache -------------------------------------------------------------------------
@@ -325,7 +332,7 @@ class CUDABackend(Backend):
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         if not isinstance(q, DeviceArray):
-            return self.host.attend(layer, slots, positions, q, k, v, out, scale, scratch)
+            return self.on_host().attend(layer, slots, positions, q, k, v, out, scale, scratch)
         self.rings.attend(layer, slots, positions, q, k, v, out, scale)
 
     def describe(self) -> dict[str, str]:

@@ -13,6 +13,7 @@ and the `keep` overflow policy (its attention tallies).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,13 +33,16 @@ QUANTIZED_BLOCK_BYTES = {8: 34, 2: 18, 3: 20, 6: 22, 7: 24}  # cache types store
 class RingAttention:
     def __init__(self, backend: "CUDABackend"):
         self.backend = backend
-        self._pointers: dict[int, tuple[np.ndarray, int]] = {}  # id(host array) -> (it, device address)
+        # id(host array) -> (a weak reference to it, its device address): a ring that goes is
+        # unregistered (runtime.Device.host_pointer), not kept alive here
+        self._pointers: dict[int, tuple[weakref.ref, int]] = {}
 
-    def pointer(self, a: np.ndarray, writable: bool) -> int:
-        """The device address of a ring array (registered on first sight)."""
+    def pointer(self, a: np.ndarray) -> int:
+        """The device address of a ring array (registered on first sight; writable: the
+        driver's read-only registration is for read-only mappings such as a GGUF file's)."""
         hit = self._pointers.get(id(a))
-        if hit is None or hit[0] is not a:
-            hit = self._pointers[id(a)] = (a, self.backend.device.host_pointer(a, read_only=not writable))
+        if hit is None or hit[0]() is not a:
+            hit = self._pointers[id(a)] = (weakref.ref(a), self.backend.device.host_pointer(a, read_only=False))
         return hit[1]
 
     def slot_count(self, layer: LayerView):
@@ -69,7 +73,7 @@ class RingAttention:
         self.rotate(v, layer.rot_v)
         i = layer.index  # a replayed step's slots, positions and slot count come from its reservation and cache
         dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
-        k_ring, v_ring = self.pointer(layer.k, True), self.pointer(layer.v, True)
+        k_ring, v_ring = self.pointer(layer.k), self.pointer(layer.v)
         cap = layer.slot_pos.shape[0]
         for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
                                                       (v, v_ring, layer.v, layer.type_v, hd_v, layer.limit_v)):
@@ -79,7 +83,7 @@ class RingAttention:
         q_pos = be.input(np.asarray(positions, np.int32), be.source(positions, lambda st: st.res.positions))
         n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
         be.launch("ek_attention", shape.attention(n_heads, n), q, q_pos, k_ring, v_ring,
-                  self.pointer(layer.slot_pos, False), n_slots, int(layer.window), float(scale),
+                  self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
                   int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
                   layer.v.shape[2], out)
         self.rotate(out, layer.rot_v)
@@ -94,7 +98,7 @@ class RingAttention:
         m, half = cos.shape
         n_kv, cap, row_bytes = layer.k.shape
         rot = layer.rot_k
-        be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.pointer(layer.k, True),
+        be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.pointer(layer.k),
                   be.input(np.asarray(slots, np.int32), None), be.input(cos, None), be.input(sin, None),
                   0 if rot is None else be.vector(rot), 0 if rot is None else rot.shape[0], int(layer.type_k),
                   float(layer.limit_k), m, n_kv, self.head_dim(layer), cap, row_bytes, half, int(shift.mode))

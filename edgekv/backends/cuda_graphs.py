@@ -93,6 +93,7 @@ class DecodeGraphs:
             driver.destroy_graph(exe)
             self.refused.add(key)
             return None
+        recording.step = None  # the graph must not keep the session's cache alive
         graph = self.graphs[key] = Graph(exe, recording, inputs)
         for owner in (step.cache, scratch):  # its pointers die with them
             weakref.finalize(owner, self.forget, key)

@@ -46,7 +46,7 @@ class Recording:
     a replay; outputs are (device address, bytes) copied into step.logits after it. broken:
     why the step cannot be replayed (an input the next step could not recompute)."""
 
-    step: Step
+    step: Step | None  # the step being captured (None once it has been)
     writers: list[Callable[[Step], None]] = field(default_factory=list)
     outputs: list[tuple[int, int]] = field(default_factory=list)
     broken: str | None = None

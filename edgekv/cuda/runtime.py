@@ -16,6 +16,7 @@ kernels a forward pass runs (the CUDA backend, to come: issue 12).
 
 from __future__ import annotations
 
+import logging
 import mmap
 import weakref
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ import numpy as np
 
 from . import programs
 from .arrays import PAGE, DeviceArray, page_aligned
-from .driver import DeviceInfo, Driver, open_driver
+from .driver import CudaError, DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
+
+log = logging.getLogger("edgekv")
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Device:
         self._modules: dict[str, Any] = {}
         self._owned: list[Buffer] = []
         self._registered: list[tuple[int, int, int]] = []  # host start, end, device pointer
+        self._said_copying = False
 
     # -- kernels -------------------------------------------------------------------------------
 
@@ -127,7 +131,12 @@ class Device:
         """Weights as the device should hold them: mapped where the GPU shares the host's
         memory (one copy in RAM, as `edgekv mem` counts it), uploaded to a discrete GPU."""
         if self.info.integrated and self.info.can_map_host_memory and array.flags.c_contiguous:
-            return self.map(array)
+            try:
+                return self.map(array)
+            except CudaError as exc:  # a driver that will not register this memory: one copy more
+                if not self._said_copying:
+                    log.warning("cannot map the weights where they lie (%s): copying them to the GPU", exc)
+                    self._said_copying = True
         return self.upload(array)
 
     def array(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceArray:
