@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .cache import SINKS, KeyMap
+from .errors import EdgeKVError
 from .kernels.jit_cache import kernel_cache_dir
 from .layer_types import spec_types
 from .quants import KV_CACHE_TYPES
@@ -164,4 +165,9 @@ def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:
     """key_map(model, n_ctx) when the spec cache_type_k gives some layer a calibrated type,
     else None (an unknown name or a malformed spec too: the cache refuses it, saying why)."""
     kinds = [KV_CACHE_TYPES.get(name) for name in spec_types(cache_type_k)]
-    return key_map(model, n_ctx) if any(kind is not None and kind.calibrated for kind in kinds) else None
+    if not any(kind is not None and kind.calibrated for kind in kinds):
+        return None
+    if model.backend.name == "cuda":  # before measuring: its pass reads Q and K on the host
+        raise EdgeKVError(f"cache_type_k={cache_type_k!r}: a calibrated K type is not on the CUDA backend yet; "
+                          "use another cache type, or --backend cpu")
+    return key_map(model, n_ctx)

@@ -164,9 +164,15 @@ def test_a_state_restored_into_the_cache_is_attended_on_the_device(tiny_model):
 
 
 def test_what_the_gpu_does_not_do_yet_is_a_clear_error(tiny_model):
-    s = cuda_model(tiny_model("llama")).session(n_ctx=16, context_shift="keep", n_keep=2)
+    model = cuda_model(tiny_model("llama", **WIDE))
+    s = model.session(n_ctx=16, context_shift="keep", n_keep=2)
     with pytest.raises(EdgeKVError, match="`keep` overflow policy is not on the CUDA backend yet"):
         s.eval([1, 2, 3])
+    with pytest.raises(EdgeKVError, match="calibrated K type is not on the CUDA backend yet"):
+        model.session(n_ctx=16, cache_type_k="iq4_cal")
+    s = model.session(n_ctx=16)  # the model stays usable
+    s.eval([1, 2, 3])
+    assert np.isfinite(s.logits).all()
 
 
 def test_an_unmapped_host_array_never_reaches_a_kernel():
