@@ -10,6 +10,9 @@ import os
 # as `import edgekv` does when it comes first (edgekv/__init__.py): OpenBLAS's threads sleep
 # after a call instead of spinning against the kernels' threads; NumPy reads it on import
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# the suite checks the CPU backend (llama.cpp's exact bits) wherever it runs: auto would take a
+# GPU where there is one. Tests of backend choice set this themselves; GPU tests name "cuda".
+os.environ["EDGEKV_BACKEND"] = "cpu"
 
 import json
 import platform

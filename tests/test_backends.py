@@ -22,6 +22,7 @@ TOKENS = [5, 17, 42, 3, 99, 7, 64, 12, 8, 30, 2, 77, 51]
 
 def test_auto_and_names(monkeypatch):
     monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
+    monkeypatch.setenv("EDGEKV_LIBCUDA", "/nonexistent/libcuda.so.1")  # a machine with no GPU (test_cuda.py: one with)
     assert resolve_backend_name() == resolve_backend_name("auto") == "cpu"
     assert resolve_backend_name(" CPU-Portable ") == "cpu-portable"
     monkeypatch.setenv("EDGEKV_BACKEND", "cpu-portable")

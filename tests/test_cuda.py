@@ -12,6 +12,7 @@ these tests run in every `make test`; a machine with a GPU runs tools/gpu_check.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import cffi
 import pytest
 
-from edgekv.backends import resolve_backend_name
+from edgekv.backends import get_backend, resolve_backend_name
 from edgekv.cli import main
 from edgekv.cuda import driver as cuda_driver
 from edgekv.cuda import probe, programs
@@ -111,12 +112,24 @@ def test_missing_nvrtc_says_how_to_get_it(monkeypatch):
 # -- the driver, through a stand-in libcuda -------------------------------------------------
 
 
+def _build_fake_libcuda(folder: Path, *flags: str) -> str:
+    out = folder / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", *flags, "-o", str(out),
+                    str(Path(__file__).parent / "data" / "fake_libcuda.c")], check=True)
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def fake_libcuda(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(Path(__file__).parent / "data" /
-                                                                      "fake_libcuda.c")], check=True)
-    return str(out)
+    return _build_fake_libcuda(tmp_path_factory.mktemp("fake_cuda"))
+
+
+def test_a_driver_older_than_edgekv_needs_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEKV_LIBCUDA", _build_fake_libcuda(tmp_path, "-DFAKE_OLD_DRIVER"))
+    with pytest.raises(CudaUnavailable, match=r"lacks cuDevicePrimaryCtxRetain, .* and more: it is older than "
+                                              r"edgekv needs \(CUDA 11.4 or newer\); update it"):
+        open_driver()
+    assert "older than edgekv needs" in probe().problem
 
 
 def test_no_driver_is_a_clear_error(monkeypatch):
@@ -138,7 +151,12 @@ def test_each_driver_refusal_names_its_cause(fake_libcuda, monkeypatch, code, me
         resolve_backend_name("cuda")
 
 
-def test_a_device_is_described_and_the_backend_says_what_is_missing(fake_libcuda, monkeypatch, capsys):
+def test_a_device_is_described_and_auto_takes_it(fake_libcuda, monkeypatch, capfd):
+    from edgekv import backends
+
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
     monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
     monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
     drv = open_driver()
@@ -149,10 +167,39 @@ def test_a_device_is_described_and_the_backend_says_what_is_missing(fake_libcuda
     status = probe()
     assert status.problem is None and status.driver == "12.6"
     assert resolve_backend_name("cuda") == "cuda"  # a device and NVRTC for it: the backend can be made
-    assert resolve_backend_name("auto") == "cpu"  # auto takes CUDA once tools/gpu_check.sh has passed on a GPU
+    assert resolve_backend_name("auto") == "cuda"  # and auto takes it
+    # the fake cannot make a context: auto says so in one line and runs on the CPU; asked by name, an error
     assert main(["info"]) == 0
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()
     assert "Fake Orin, sm_87, 8.0 GiB, 8 SMs, integrated (unified memory)" in out and "cuda driver" in out
+    assert re.search(r"^backend +cpu$", out, re.MULTILINE) and re.search(r"^backends here +cpu, cpu-portable$",
+                                                                         out, re.MULTILINE)
+    err = err.strip().splitlines()
+    assert len(err) == 1 and "CUDA cannot be used: cuDevicePrimaryCtxRetain failed: CUDA_ERROR_NOT_SUPPORTED" \
+        in err[0] and err[0].endswith("running on the CPU")
+    assert resolve_backend_name("auto") == "cpu"  # for the rest of the process, silently
+    assert main(["info"]) == 0 and capfd.readouterr().err == ""
+    with pytest.raises(EdgeKVError, match="cuDevicePrimaryCtxRetain failed"):
+        get_backend("cuda")
+
+
+def test_auto_runs_on_the_cpu_saying_why_a_gpu_it_found_cannot_be_used(fake_libcuda, monkeypatch, capfd):
+    from edgekv import backends
+
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    monkeypatch.setenv("EDGEKV_LIBCUDA", "/nonexistent/libcuda.so.1")  # no driver: a CPU machine, silently
+    assert resolve_backend_name("auto") == "cpu" and capfd.readouterr().err == ""
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    monkeypatch.setenv("EDGEKV_NVRTC", "/nonexistent/libnvrtc.so.12")  # a GPU, and no NVRTC to build for it
+    assert resolve_backend_name("auto") == "cpu"
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "found Fake Orin but CUDA cannot be used: NVRTC" in err[0] \
+        and err[0].endswith("running on the CPU")
+    assert resolve_backend_name("auto") == "cpu" and capfd.readouterr().err == ""  # said once per process
+    with pytest.raises(EdgeKVError, match="backend 'cuda' cannot run here: NVRTC"):  # asked by name: an error
+        resolve_backend_name("cuda")
 
 
 def test_kernel_arguments_are_packed_as_the_kernel_reads_them():
@@ -190,5 +237,15 @@ def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, f
     monkeypatch.setattr(backends, "_offload_said", False)
     monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)  # a device: n_gpu_layers takes it, silently
     monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
-    assert backends.offload_choice(None, 99) == "cuda" and backends.offload_choice("cpu", 99) == "cpu"
+    assert backends.offload_choice(None, 99) == "auto" and resolve_backend_name("auto") == "cuda"
+    assert backends.offload_choice("cpu", 99) == "cpu"  # a backend named wins
+    assert backends.offload_choice(None, 0) == "cpu"  # no layer on the GPU, though auto would take it
+    assert backends.offload_choice(None, None) is None  # not given: auto decides
     assert capfd.readouterr().err == ""
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    llm = Llama(path, n_ctx=64, n_gpu_layers=-1, verbose=False)  # the fake device cannot make a context
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CUDA cannot be used: cuDevicePrimaryCtxRetain failed" in err[0]
+    assert llm._model.backend.name == "cpu" and llm("hi", max_tokens=4, temperature=0)["choices"][0]["text"] == \
+        quiet("hi", max_tokens=4, temperature=0)["choices"][0]["text"]

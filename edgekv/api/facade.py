@@ -72,10 +72,11 @@ class Llama(CompletionsMixin, StateMixin):
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
         minus the weights (context.default_mem_budget).
         backend: where the arithmetic runs: "auto", "cpu", "cpu-portable", "cuda" (edgekv.backends);
-        None: EDGEKV_BACKEND, default auto. n_gpu_layers (llama-cpp-python's): nonzero asks
-        for the GPU with backend auto; where CUDA cannot run, one line on stderr says why and
-        the model runs on the CPU (only whole-model offload is planned: any nonzero value)."""
-        backend = offload_choice(backend, options.pop("n_gpu_layers", 0))
+        None: EDGEKV_BACKEND, default auto (CUDA where a GPU is usable, else the CPU).
+        n_gpu_layers (llama-cpp-python's), with backend auto: 0 keeps the model on the CPU;
+        nonzero asks for the GPU, and where CUDA cannot run, one line on stderr says why and
+        the model runs on the CPU (offload is whole-model: any nonzero value); unset: auto."""
+        backend = offload_choice(backend, options.pop("n_gpu_layers", None))
         check_options(options)
         if verbose:
             log_to_stderr()

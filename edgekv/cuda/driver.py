@@ -14,6 +14,7 @@ Errors: every failing call raises CudaError with the driver's own name for the c
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -69,6 +70,7 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
 """
+FUNCTIONS = re.findall(r"^CUresult (\w+)\(", _CDEF, re.MULTILINE)  # each must be in the driver
 # cuda.h's values
 ATTR_MULTIPROCESSOR_COUNT = 16
 ATTR_INTEGRATED = 18
@@ -144,6 +146,12 @@ class Driver:
             reason = str(exc).split(".  Additionally")[0]  # cffi appends its ctypes.util search
             raise CudaUnavailable(f"no NVIDIA driver: {path} cannot be opened ({reason}); {FIX_DRIVER}") from None
         self.path = path
+        missing = [name for name in FUNCTIONS if not hasattr(self.lib, name)]
+        if missing:
+            raise CudaUnavailable(f"the NVIDIA driver ({path}) lacks {', '.join(missing[:3])}"
+                                  f"{' and more' if len(missing) > 3 else ''}: it is older than edgekv needs "
+                                  "(CUDA 11.4 or newer); update it (on Jetson: JetPack 5 or 6), or run on the "
+                                  "CPU with --backend cpu")
         result = self.lib.cuInit(0)
         if result == ERROR_NO_DEVICE:
             raise CudaUnavailable(f"the NVIDIA driver ({path}) found no CUDA device; check `nvidia-smi` (on Jetson: "

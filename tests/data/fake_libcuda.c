@@ -1,6 +1,8 @@
 /* A stand-in for libcuda.so.1 on machines without a GPU (tests/test_cuda.py): cuInit returns
    $FAKE_CUDA_INIT (default 0, success), and then one device, "Fake Orin", reports Jetson Orin's
-   attributes. Only the calls edgekv's probe makes are here. */
+   attributes. The calls edgekv's probe makes answer; every other call the driver API has for
+   edgekv fails with CUDA_ERROR_NOT_SUPPORTED (a device that cannot run kernels), and built
+   with -DFAKE_OLD_DRIVER they are missing (a driver older than edgekv needs). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +16,8 @@ CUresult cuInit(unsigned int flags) {
 }
 CUresult cuDriverGetVersion(int *version) { *version = 12060; return 0; }
 CUresult cuGetErrorName(CUresult error, const char **name) {
-    *name = error == 100 ? "CUDA_ERROR_NO_DEVICE" : error == 999 ? "CUDA_ERROR_UNKNOWN" : "CUDA_ERROR_FAKE";
+    *name = error == 100 ? "CUDA_ERROR_NO_DEVICE" : error == 999 ? "CUDA_ERROR_UNKNOWN" :
+            error == 801 ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_FAKE";
     return 0;
 }
 CUresult cuGetErrorString(CUresult error, const char **text) { (void)error; *text = "a fake error"; return 0; }
@@ -37,3 +40,34 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
         default: return 1;
     }
 }
+
+#ifndef FAKE_OLD_DRIVER
+/* C calls with more arguments than a function takes are harmless: these ignore theirs */
+#define NOT_SUPPORTED(name) CUresult name(void) { return 801; }
+NOT_SUPPORTED(cuDevicePrimaryCtxRetain)
+NOT_SUPPORTED(cuDevicePrimaryCtxRelease_v2)
+NOT_SUPPORTED(cuCtxSetCurrent)
+NOT_SUPPORTED(cuCtxSynchronize)
+NOT_SUPPORTED(cuMemGetInfo_v2)
+NOT_SUPPORTED(cuModuleLoadData)
+NOT_SUPPORTED(cuModuleUnload)
+NOT_SUPPORTED(cuModuleGetFunction)
+NOT_SUPPORTED(cuMemAlloc_v2)
+NOT_SUPPORTED(cuMemFree_v2)
+NOT_SUPPORTED(cuMemcpyHtoDAsync_v2)
+NOT_SUPPORTED(cuMemcpyDtoHAsync_v2)
+NOT_SUPPORTED(cuMemsetD8Async)
+NOT_SUPPORTED(cuMemHostRegister_v2)
+NOT_SUPPORTED(cuMemHostUnregister)
+NOT_SUPPORTED(cuMemHostGetDevicePointer_v2)
+NOT_SUPPORTED(cuLaunchKernel)
+NOT_SUPPORTED(cuStreamCreate)
+NOT_SUPPORTED(cuStreamDestroy_v2)
+NOT_SUPPORTED(cuStreamSynchronize)
+NOT_SUPPORTED(cuStreamBeginCapture_v2)
+NOT_SUPPORTED(cuStreamEndCapture)
+NOT_SUPPORTED(cuGraphInstantiateWithFlags)
+NOT_SUPPORTED(cuGraphLaunch)
+NOT_SUPPORTED(cuGraphExecDestroy)
+NOT_SUPPORTED(cuGraphDestroy)
+#endif
