@@ -10,6 +10,8 @@ tests/test_cuda_host.py's (built for the CPU) and tests/test_cuda_device.py's (o
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -233,8 +235,12 @@ def test_a_replayed_decode_step_equals_the_plain_one(tiny_model, arch, monkeypat
     tokens = rng.integers(0, 200, 40)
     options = dict(n_ctx=16, n_batch=1, cache_type_k="q8_0", cache_type_v="f16", context_shift="shift", n_keep=2)
     model = cuda_model(path)
-    s, replayed = _decode(model, tokens, **options)  # the ring wraps and shifts twice under the graph
     graphs, driver = model.backend.graphs, model.backend.device.driver
+    collecting = []  # no collection (finalizers freeing or unregistering memory) runs while a step is captured
+    monkeypatch.setattr(driver, "begin_capture", lambda stream, begin=driver.begin_capture:
+                        (collecting.append(gc.isenabled()), begin(stream))[1])
+    s, replayed = _decode(model, tokens, **options)  # the ring wraps and shifts twice under the graph
+    assert collecting == [False] and gc.isenabled()
     assert graphs.captured == 1 and graphs.replayed == len(tokens) - 2  # the first eager, the second captured
     assert driver.graph_launches == len(tokens) - 1
     assert "ek_kv_shift" in driver.launches  # the shifts re-rotated the q8_0 keys in the ring, on the device
@@ -261,8 +267,6 @@ def test_a_graph_goes_with_its_cache_and_when_a_buffer_it_uses_grows(tiny_model)
     ref.eval([1, 2, 3, 4, 5, 6])
     assert relative_error(s.logits, ref.logits) < 2e-2
     del s
-    import gc
-
     gc.collect()
     assert len(graphs.graphs) == 0  # the cache it pointed into is gone
 
@@ -320,8 +324,6 @@ def test_weights_the_driver_will_not_map_are_copied_saying_so(tiny_model, monkey
 
 
 def test_a_sessions_rings_are_unregistered_when_it_goes(tiny_model):
-    import gc
-
     model = cuda_model(tiny_model("llama"))
     driver = model.backend.device.driver
     s = model.session(n_ctx=32)
@@ -331,3 +333,32 @@ def test_a_sessions_rings_are_unregistered_when_it_goes(tiny_model):
     del s
     gc.collect()
     assert not rings & {start for start, _ in driver.registered}  # a later allocation may take those pages
+
+
+def test_device_memory_goes_with_the_session_and_the_model_that_own_it(tiny_model):
+    backend = CUDABackend(EmulatedDevice(integrated=False))  # discrete: the weights are uploaded
+    device, path = backend.device, tiny_model("llama")
+    assert device.allocated() == 0
+    model = load(path, backend=backend)
+    loaded = device.allocated()
+    assert loaded > 0  # the uploaded weights
+
+    def a_session_comes_and_goes(model) -> int:
+        s = model.session(n_ctx=32)
+        s.eval([1, 2, 3])
+        s.eval([4])
+        held = device.allocated()
+        del s
+        gc.collect()
+        backend.synchronize()
+        return held
+
+    held = a_session_comes_and_goes(model)
+    after = device.allocated()
+    assert after < held  # its activations went with it
+    assert a_session_comes_and_goes(model) == held and device.allocated() == after  # and nothing piles up
+    del model
+    gc.collect()
+    backend.synchronize()
+    staging = sum(buf.nbytes for buf in backend._staging.values())  # the backend's own, reused by every model
+    assert device.allocated() == staging and len(device.driver._memory) == len(backend._staging)

@@ -23,6 +23,7 @@ Operations on host arrays (a cache shift's keys, state files' rows) run on the C
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -74,7 +75,7 @@ class DeviceScratch:
         sizes = {"x": hp.dim, "h": hp.dim, "o": hp.dim, "q": q_dim, "k": kv_dim, "v": hp.n_kv_heads * hp.head_dim_v,
                  "att": hp.n_heads * hp.head_dim_v, "gate": hp.ff, "up": hp.ff}
         for name, cols in sizes.items():
-            setattr(self, name, device.array((n_batch, cols)))
+            setattr(self, name, device.array((n_batch, cols), owner=self))  # given back with the session
         half = hp.rope_dims // 2  # the RoPE tables: made by the host each step, in mapped memory
         self.cos = {kind: device.mapped_array((n_batch, half)) for kind in ("global", "local")}
         self.sin = {kind: device.mapped_array((n_batch, half)) for kind in ("global", "local")}
@@ -89,7 +90,7 @@ class CUDABackend(Backend):
         self.device = device or Device()
         self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
         self._staging: dict[str, Buffer] = {}  # growing device buffers for a step's temporaries
-        self._vectors: dict[int, tuple[np.ndarray, Buffer]] = {}  # host vector id -> (it, its device copy)
+        self._vectors: dict[int, tuple[weakref.ref, Buffer]] = {}  # host vector id -> (it, its device copy)
         self._retired: list[Buffer] = []  # staging buffers replaced while a capture ran
         self.inputs = HostInputs(self.device)  # an eager step's inputs (a captured step has its own)
         self._eager_inputs = self.inputs
@@ -163,10 +164,13 @@ class CUDABackend(Backend):
         return buf
 
     def vector(self, v: np.ndarray) -> Buffer:
-        """A model's f32 vector (norm weight, bias) on the device, copied once."""
-        hit = self._vectors.get(id(v))
-        if hit is None or hit[0] is not v:
-            hit = self._vectors[id(v)] = (v, self.device.upload(np.ascontiguousarray(v, np.float32)))
+        """A model's f32 vector (norm weight, bias) on the device, copied once and given back
+        when the host vector goes (with its model)."""
+        key = id(v)
+        hit = self._vectors.get(key)
+        if hit is None or hit[0]() is not v:
+            hit = self._vectors[key] = (weakref.ref(v), self.device.upload(np.ascontiguousarray(v, np.float32), owner=v))
+            weakref.finalize(v, self._vectors.pop, key, None)
         return hit[1]
 
     def launch(self, kernel: str, launch: shape.Launch, *args) -> None:
@@ -196,7 +200,10 @@ class CUDABackend(Backend):
         buf = self.device.weights(raw)
         if not buf.mapped and release is not None:
             release(raw)  # uploaded: the file's pages are not needed in RAM any more
-        return DeviceMatrix(buf, ggml_type, n_rows, n_cols, row_nbytes(ggml_type, n_cols))
+        matrix = DeviceMatrix(buf, ggml_type, n_rows, n_cols, row_nbytes(ggml_type, n_cols))
+        if not buf.mapped:
+            self.device.free_with(matrix, buf)  # given back when the model goes
+        return matrix
 
     def embed(self, w: DeviceMatrix, ids: np.ndarray, out) -> None:
         if not isinstance(out, DeviceArray):

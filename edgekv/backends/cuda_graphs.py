@@ -20,6 +20,7 @@ capture off (for comparing against it; GGML_CUDA_DISABLE_GRAPHS is llama.cpp's).
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from dataclasses import dataclass
@@ -83,12 +84,16 @@ class DecodeGraphs:
         be.synchronize()
         inputs, recording = HostInputs(be.device, reserve=step_bytes(len(step.cache.k))), Recording(step)
         be.begin_recording(recording, inputs)
+        collecting = gc.isenabled()
+        gc.disable()  # a finalizer run by a collection (a ring unregistered, a graph destroyed) would break the capture
         driver.begin_capture(stream)
         try:
             model.forward(step.tokens, step.cache, step.res, scratch, step.rows, step.logits)
         finally:
             exe = driver.end_capture(stream)
             be.end_recording()
+            if collecting:
+                gc.enable()
         if recording.broken is not None or len(recording.outputs) != 1:
             driver.destroy_graph(exe)
             self.refused.add(key)

@@ -6,7 +6,11 @@ kernel by name with its arguments packed from the source's declaration), `Buffer
 memory of a known size, or host memory registered and mapped: on an integrated GPU, such
 as Jetson's, weights are used where they lie instead of being copied into a second buffer).
 What does not: compiling (nvrtc.py, programs.py), the driver's calls (driver.py), which
-kernels a forward pass runs (the CUDA backend, to come: issue 12).
+kernels a forward pass runs (backends/cuda.py).
+
+Device memory lives as long as what owns it: `alloc(n, owner)` gives it back when `owner`
+goes (a session's scratch, a model's uploaded weights), at the next synchronize, since the
+stream may still be reading it; without an owner it lives as long as the Device.
 
     dev = Device()
     w = dev.upload(weights)                      # or dev.map(weights) on an integrated GPU
@@ -54,7 +58,8 @@ class Device:
         self.stream = self.driver.stream()
         self._functions: dict[str, tuple[Any, str]] = {}
         self._modules: dict[str, Any] = {}
-        self._owned: list[Buffer] = []
+        self._owned: dict[int, Buffer] = {}  # device pointer -> what alloc made
+        self._dead: list[Buffer] = []  # buffers whose owner went: given back at the next synchronize
         self._registered: list[tuple[int, int, int]] = []  # host start, end, device pointer
         self._said_copying = False
 
@@ -84,17 +89,27 @@ class Device:
 
     def synchronize(self) -> None:
         self.driver.synchronize(self.stream)
+        while self._dead:  # the stream is idle: nothing reads them any more
+            self._give_back(self._dead.pop())
 
     # -- memory --------------------------------------------------------------------------------
 
-    def alloc(self, nbytes: int) -> Buffer:
+    def alloc(self, nbytes: int, owner: object = None) -> Buffer:
+        """Device memory, given back when `owner` goes (None: when the Device closes)."""
         buf = Buffer(self.driver.alloc(nbytes), nbytes)
-        self._owned.append(buf)
+        self._owned[buf.ptr] = buf
+        if owner is not None:
+            self.free_with(owner, buf)
         return buf
 
-    def upload(self, array: np.ndarray) -> Buffer:
+    def free_with(self, owner: object, buf: Buffer) -> None:
+        """Give buf back when owner goes (a finalizer may run anywhere, even mid-capture: it
+        only queues the buffer for the next synchronize)."""
+        weakref.finalize(owner, self._dead.append, buf)
+
+    def upload(self, array: np.ndarray, owner: object = None) -> Buffer:
         a = np.ascontiguousarray(array)
-        buf = self.alloc(a.nbytes)
+        buf = self.alloc(a.nbytes, owner)
         self.driver.to_device(buf.ptr, a, a.nbytes, self.stream)
         self.synchronize()  # `a` may be a temporary
         return buf
@@ -127,9 +142,10 @@ class Device:
             self._registered.remove(entry)
             self.driver.unregister_host(start)
 
-    def weights(self, array: np.ndarray) -> Buffer:
+    def weights(self, array: np.ndarray, owner: object = None) -> Buffer:
         """Weights as the device should hold them: mapped where the GPU shares the host's
-        memory (one copy in RAM, as `edgekv mem` counts it), uploaded to a discrete GPU."""
+        memory (one copy in RAM, as `edgekv mem` counts it), uploaded to a discrete GPU (and
+        given back when `owner` goes)."""
         if self.info.integrated and self.info.can_map_host_memory and array.flags.c_contiguous:
             try:
                 return self.map(array)
@@ -137,12 +153,12 @@ class Device:
                 if not self._said_copying:
                     log.warning("cannot map the weights where they lie (%s): copying them to the GPU", exc)
                     self._said_copying = True
-        return self.upload(array)
+        return self.upload(array, owner)
 
-    def array(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceArray:
-        """A new device array (zeroed), freed with the device."""
+    def array(self, shape: tuple[int, ...], dtype=np.float32, owner: object = None) -> DeviceArray:
+        """A new device array (zeroed), given back when `owner` goes (None: with the Device)."""
         out = DeviceArray(0, tuple(shape), np.dtype(dtype))
-        buf = self.alloc(out.nbytes)
+        buf = self.alloc(out.nbytes, owner)
         self.driver.memset(buf.ptr, 0, buf.nbytes, self.stream)
         return DeviceArray(buf.ptr, out.shape, out.dtype)
 
@@ -155,8 +171,15 @@ class Device:
     def free(self, buf: Buffer) -> None:
         """Give back memory alloc made (after the stream's work that may read it)."""
         self.synchronize()
-        self._owned.remove(buf)
-        self.driver.free(buf.ptr)
+        self._give_back(buf)
+
+    def _give_back(self, buf: Buffer) -> None:
+        if self._owned.pop(buf.ptr, None) is not None:  # not already freed (close, or free then owner gone)
+            self.driver.free(buf.ptr)
+
+    def allocated(self) -> int:
+        """Bytes of device memory alloc has made and not given back."""
+        return sum(buf.nbytes for buf in self._owned.values())
 
     def download(self, buf: Buffer, out: np.ndarray) -> np.ndarray:
         self.driver.to_host(out, buf.ptr, out.nbytes, self.stream)
@@ -164,9 +187,10 @@ class Device:
         return out
 
     def close(self) -> None:
-        for buf in self._owned:
-            self.driver.free(buf.ptr)
+        for ptr in self._owned:
+            self.driver.free(ptr)
         self._owned.clear()
+        self._dead.clear()
 
 
 def _region(array: np.ndarray) -> tuple[int, int, object]:
