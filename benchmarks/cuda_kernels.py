@@ -76,9 +76,13 @@ def matvec_us(dev, rows: int, cols: int, kind: str, rng) -> tuple[float, float]:
     return s * 1e6, w.nbytes / s / 1e9
 
 
-def attention_us(dev, heads: tuple[int, int, int], cache: str, rng) -> float:
+def attention_us(dev, heads: tuple[int, int, int], cache: str, rng, split: bool) -> float:
+    """One decode query over DEPTH slots: one warp per head, or split into ranges and merged
+    (as the backend runs it at depth: cuda_launch.attention_splits)."""
     import gguf
     from gguf.quants import quantize
+
+    from edgekv.backends.cuda_launch import attention_splits
 
     n_heads, n_kv, hd = heads
     t = gguf.GGMLQuantizationType[cache.upper()]
@@ -89,8 +93,17 @@ def attention_us(dev, heads: tuple[int, int, int], cache: str, rng) -> float:
     qp = dev.upload(np.array([DEPTH - 1], np.int32))
     n_slots = dev.upload(np.array([DEPTH], np.int32))
     rb = rows.shape[-1]
-    return _time(dev, lambda: dev.launch("ek_attention", (n_heads, 1), (32,), q, qp, k, v, pos, n_slots, 0, 0.125,
-                                         int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb, out), n=50) * 1e6
+    ring = (q, qp, k, v, pos, n_slots, 0, 0.125, int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb)
+    n_splits, chunk = attention_splits(DEPTH, 1)
+    parts = dev.alloc(n_heads * n_splits * (2 + hd) * 4)
+
+    def run():
+        if not split:
+            return dev.launch("ek_attention", (n_heads, 1), (32,), *ring, out)
+        dev.launch("ek_attention_split", (n_heads, 1, n_splits), (32,), *ring, chunk, parts)
+        dev.launch("ek_attention_merge", (n_heads, 1), (32,), parts, n_splits, n_heads, hd, out)
+
+    return _time(dev, run, n=50) * 1e6
 
 
 def main() -> int:
@@ -117,8 +130,10 @@ def main() -> int:
         out_us, gbs = matvec_us(dev, rows, cols, kind, rng)
         print(f"| {model} | output | {rows}x{cols} | {kind} | {out_us:.1f} | {gbs:.0f} |")
         for cache in CACHE_TYPES:
-            us = attention_us(dev, spec["heads"], cache, rng)
-            print(f"| {model} | attention d{DEPTH} | {spec['heads']} | {cache} | {us:.1f} | |")
+            for split in (False, True):
+                us = attention_us(dev, spec["heads"], cache, rng, split)
+                print(f"| {model} | attention d{DEPTH}{' split' if split else ''} | {spec['heads']} | {cache} | "
+                      f"{us:.1f} | |")
         floor = layer * spec["layers"] + out_us
         print(f"| {model} | per token, matvecs only | {spec['layers']} layers + output | | {floor:.0f} | "
               f"(<= {1e6 / floor:.0f} t/s) |")

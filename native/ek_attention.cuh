@@ -6,6 +6,10 @@
 // slot positions decide, so wrapped rings, shifted (re-rotated) keys and streamed-out slots
 // need nothing else. GQA: query head h reads KV head h / (n_heads / n_kv).
 //
+// At depth one warp per head walking every slot leaves most of the GPU idle: split
+// attention gives each warp a range of slots (ek_attend_slots with `partial`) and merges the
+// ranges' records (ek_attend_merge), as flash-decoding does.
+//
 // Written once for a group of lanes W that share the work: on the device a warp (32 lanes,
 // each owning the dims lane, lane + 32, ...; scores summed across the warp), on the host
 // one lane owning every dim (tests/test_cuda.py runs it against a float64 reference).
@@ -26,17 +30,13 @@ struct ek_attend_args {
     float* out;             // [hd_v]
 };
 
+// the online softmax over slots [s0, s1): the running maximum m, sum l and this lane's
+// dims of the weighted sum of V (acc), updated in place
 template <class W>
-EK_HD void ek_attend_head(const W& w, const ek_attend_args& a) {
+EK_HD void ek_attend_range(const W& w, const ek_attend_args& a, int s0, int s1, const float* q, float* acc,
+                           float& m, float& l) {
     constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
-    float q[per_lane], acc[per_lane];
-    for (int i = 0; i < per_lane; ++i) {
-        const int d = w.lane() + i * W::lanes;
-        q[i] = d < a.hd_k ? a.q[d] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = -3.402823466e38f, l = 0.0f;
-    for (int s = 0; s < a.n_slots; ++s) {
+    for (int s = s0; s < s1; ++s) {
         if (!ek_visible(a.slot_pos[s], a.qp, a.window)) continue;
         const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
         float part = 0.0f;
@@ -55,9 +55,65 @@ EK_HD void ek_attend_head(const W& w, const ek_attend_args& a) {
             if (d < a.hd_v) acc[i] = acc[i] * corr + p * ek_kv_element(a.type_v, v_row, d);
         }
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible slot: zeros (never happens in a pass)
+}
+
+#define EK_NO_SCORE (-3.402823466e38f)
+
+// slots [s0, s1) of a head: out[d] = acc[d] / l (all of them: a.n_slots; no visible slot:
+// zeros, which a whole pass never meets), or with `partial` the unnormalised record
+// {m, l, acc[hd_v]} that ek_attend_merge combines with the other slot ranges' (split
+// attention at depth: many warps per head instead of one walking every slot)
+template <class W>
+EK_HD void ek_attend_slots(const W& w, const ek_attend_args& a, int s0, int s1, bool partial) {
+    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
+    float q[per_lane], acc[per_lane];
     for (int i = 0; i < per_lane; ++i) {
         const int d = w.lane() + i * W::lanes;
-        if (d < a.hd_v) a.out[d] = acc[i] * inv;
+        q[i] = d < a.hd_k ? a.q[d] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = EK_NO_SCORE, l = 0.0f;
+    ek_attend_range(w, a, s0, s1, q, acc, m, l);
+    const float inv = partial ? 1.0f : l > 0.0f ? 1.0f / l : 0.0f;
+    float* out = partial ? a.out + 2 : a.out;
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        if (d < a.hd_v) out[d] = acc[i] * inv;
+    }
+    if (partial && w.lane() == 0) {
+        a.out[0] = m;
+        a.out[1] = l;
+    }
+}
+
+template <class W>
+EK_HD void ek_attend_head(const W& w, const ek_attend_args& a) {
+    ek_attend_slots(w, a, 0, a.n_slots, false);
+}
+
+// out[hd_v] from n_parts records {m, l, acc[hd_v]} (stride 2 + hd_v) of one head's slot
+// ranges: sum(acc_i e^(m_i - M)) / sum(l_i e^(m_i - M)), M the largest m of a range that
+// saw a slot
+template <class W>
+EK_HD void ek_attend_merge(const W& w, const float* parts, int n_parts, int hd_v, float* out) {
+    const int stride = 2 + hd_v;
+    float top = EK_NO_SCORE;
+    for (int j = 0; j < n_parts; ++j) {
+        const float* r = parts + (ek_u64)j * stride;
+        if (r[1] > 0.0f && r[0] > top) top = r[0];
+    }
+    float l = 0.0f;
+    for (int j = 0; j < n_parts; ++j) {
+        const float* r = parts + (ek_u64)j * stride;
+        if (r[1] > 0.0f) l += r[1] * w.exp(r[0] - top);
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int d = w.lane(); d < hd_v; d += W::lanes) {
+        float sum = 0.0f;
+        for (int j = 0; j < n_parts; ++j) {
+            const float* r = parts + (ek_u64)j * stride;
+            if (r[1] > 0.0f) sum += r[2 + d] * w.exp(r[0] - top);
+        }
+        out[d] = sum * inv;
     }
 }

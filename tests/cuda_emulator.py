@@ -308,8 +308,10 @@ def kv_write(L, src, slots, ring, ggml_type, limit, n_tok, n_kv, hd, cap, row_by
         rows[:, slot] = gq.quantize(x[t], T(ggml_type)).view(np.uint8).reshape(n_kv, row_bytes)
 
 
-def attention(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
-              cap, row_bytes_k, row_bytes_v, out):
+def _scores(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
+            cap, row_bytes_k, row_bytes_v):
+    """Per query token: which of the *n_slots written slots it sees, and each head's scores
+    and values over them, in float64 (the ring read as the kernels read it)."""
     n_tok = L.grid[1]
     L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
     queries = mem(q, n_tok * n_heads * hd_k).reshape(n_tok, n_heads, hd_k).astype(np.float64)
@@ -319,15 +321,51 @@ def attention(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type
                       type_k, hd_k).reshape(n_kv, n_slots, hd_k)
     values = dequantize(mem(v, n_kv * cap * row_bytes_v, np.uint8).reshape(n_kv, cap, -1)[:, :n_slots].reshape(-1),
                         type_v, hd_v).reshape(n_kv, n_slots, hd_v)
-    result = mem(out, n_tok * n_heads * hd_v).reshape(n_tok, n_heads, hd_v)
     group = n_heads // n_kv
     for t, qp in enumerate(mem(q_pos, n_tok, np.int32)):
         visible = (pos >= 0) & (pos <= qp) & ((window == 0) | (qp - pos < window))
-        for h in range(n_heads):
-            scores = keys[h // group] @ queries[t, h] * scale_
-            scores = np.where(visible, scores, -np.inf)
-            p = np.exp(scores - scores.max())
-            result[t, h] = p @ values[h // group] / p.sum()
+        yield t, visible, [(keys[h // group] @ queries[t, h] * scale_, values[h // group]) for h in range(n_heads)]
+
+
+def attention(L, *args):
+    out, n_heads, hd_v = args[-1], args[10], args[13]
+    result = mem(out, L.grid[1] * n_heads * hd_v).reshape(L.grid[1], n_heads, hd_v)
+    for t, visible, heads in _scores(L, *args[:-1]):
+        for h, (scores, values) in enumerate(heads):
+            masked = np.where(visible, scores, -np.inf)
+            p = np.exp(masked - masked.max())
+            result[t, h] = p @ values / p.sum()
+
+
+NO_SCORE = np.float32(-3.402823466e38)  # EK_NO_SCORE: a range that saw no slot has l = 0
+
+
+def attention_split(L, *args):
+    chunk, parts, n_heads, hd_v, cap = args[-2], args[-1], args[10], args[13], args[14]
+    n_tok, n_splits = L.grid[1], L.grid[2]
+    L.need(n_splits * chunk >= cap, "the ranges cover the ring")
+    records = mem(parts, n_tok * n_heads * n_splits * (2 + hd_v)).reshape(n_tok, n_heads, n_splits, 2 + hd_v)
+    for t, visible, heads in _scores(L, *args[:-2]):
+        for h, (scores, values) in enumerate(heads):
+            for z in range(n_splits):
+                seen = np.zeros_like(visible)
+                seen[z * chunk:(z + 1) * chunk] = visible[z * chunk:(z + 1) * chunk]
+                if not seen.any():
+                    records[t, h, z] = [NO_SCORE, 0] + [0] * hd_v
+                    continue
+                m = scores[seen].max()
+                p = np.exp(np.where(seen, scores, -np.inf) - m)
+                records[t, h, z, 0], records[t, h, z, 1], records[t, h, z, 2:] = m, p.sum(), p @ values
+
+
+def attention_merge(L, parts, n_splits, n_heads, hd_v, out):
+    n_tok = L.grid[1]
+    L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
+    records = mem(parts, n_tok * n_heads * n_splits * (2 + hd_v)).reshape(n_tok, n_heads, n_splits, 2 + hd_v)
+    m, l, acc = records[..., 0].astype(np.float64), records[..., 1:2], records[..., 2:]
+    weight = np.where(l[..., 0] > 0, np.exp(m - np.where(l[..., 0] > 0, m, -np.inf).max(axis=2, keepdims=True)), 0)
+    result = mem(out, n_tok * n_heads * hd_v).reshape(n_tok, n_heads, hd_v)
+    result[...] = np.einsum("thz,thzd->thd", weight, acc) / np.einsum("thz,thz->th", weight, l[..., 0])[..., None]
 
 
 def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap, row_bytes, half, mode):
@@ -351,4 +389,4 @@ def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap,
 
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
                                    gelu_mul, add, scale, softcap, add_bias, rotate, kv_write, attention,
-                                   kv_shift)}
+                                   attention_split, attention_merge, kv_shift)}

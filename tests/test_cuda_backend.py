@@ -116,6 +116,31 @@ def test_a_ring_that_wraps_matches_the_reference(tiny_model, arch, policy):
     assert ("ek_kv_shift" in s.model.backend.device.driver.launches) == (policy == "shift")
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_decode_over_a_long_ring_splits_attention_into_ranges_and_matches_the_reference(tiny_model, arch):
+    # n_ctx 1024: the full layers' rings split into 4 ranges of 256 slots; 600 cached
+    # tokens fill three of them (gemma3's sliding-window layers keep short rings, unsplit)
+    path = tiny_model(arch)
+    model = cuda_model(path)
+    s = model.session(n_ctx=1024, n_batch=256, cache_type_k="f32", cache_type_v="f32")
+    ref = ReferenceSession(ReferenceModel(path))
+    tokens = [int(t) for t in rng.integers(0, s.n_vocab, 604)]
+    s.eval(tokens[:600])
+    for t in tokens[:600]:
+        ref.step(t)
+    driver = model.backend.device.driver
+    assert "ek_attention_split" not in driver.launches  # prefill chunks: a warp per (head, token) is plenty
+    errs = []
+    for t in tokens[600:]:  # eager, captured, replayed, replayed
+        s.eval([t])
+        errs.append(relative_error(s.logits, ref.step(t)))
+    assert max(errs) < (2e-3 if arch == "gemma3" else 1e-4), errs
+    assert driver.launches.count("ek_attention_split") == driver.launches.count("ek_attention_merge") > 0
+    assert model.backend.graphs.replayed == 2
+    assert shape.attention_splits(1024, 1) == (4, 256) and shape.attention_splits(512, 1) == (1, 512)
+    assert shape.attention_splits(1024, 5) == (1, 1024) and shape.attention_splits(32768, 1) == (64, 512)
+
+
 def test_greedy_text_is_the_cpu_backends(tiny_model):
     from edgekv import Llama
 

@@ -173,16 +173,23 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
     q_pos = np.array([slot_pos.max() - 3, slot_pos.max()], np.int32)
     q = rng.standard_normal((n_tok, n_heads, hd)).astype(np.float32)
     out = dev.alloc(q.nbytes)
-    for window in (0, 12):
-        dev.launch("ek_attention", (n_heads, n_tok), (32,), _f32(dev, q), dev.upload(q_pos), dev.upload(k),
-                   dev.upload(v), dev.upload(slot_pos), dev.upload(np.array([cap], np.int32)), window, 0.125, int(tk), int(tv), n_heads, n_kv, hd, hd,
-                   cap, k.shape[-1], v.shape[-1], out)
+    chunk, n_splits = 7, 6  # split attention: ranges of 7 slots (the last past the 40 written), merged
+    parts = dev.alloc(n_tok * n_heads * n_splits * (2 + hd) * 4)
+    for window, split in ((0, False), (12, False), (0, True), (12, True)):
+        ring = (_f32(dev, q), dev.upload(q_pos), dev.upload(k), dev.upload(v), dev.upload(slot_pos),
+                dev.upload(np.array([cap], np.int32)), window, 0.125, int(tk), int(tv), n_heads, n_kv, hd, hd, cap,
+                k.shape[-1], v.shape[-1])
+        if split:
+            dev.launch("ek_attention_split", (n_heads, n_tok, n_splits), (32,), *ring, chunk, parts)
+            dev.launch("ek_attention_merge", (n_heads, n_tok), (32,), parts, n_splits, n_heads, hd, out)
+        else:
+            dev.launch("ek_attention", (n_heads, n_tok), (32,), *ring, out)
         got = dev.download(out, np.zeros_like(q))
         kd, vd = dequantize(k, tk), dequantize(v, tv)
         for t in range(n_tok):
             for h in range(n_heads):
                 want = _reference_attention(q[t, h], kd[h // 3], vd[h // 3], slot_pos, q_pos[t], window, 0.125)
-                assert np.allclose(got[t, h], want, rtol=1e-4, atol=1e-5), (t, h, window)
+                assert np.allclose(got[t, h], want, rtol=1e-4, atol=1e-5), (t, h, window, split)
 
 
 def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):

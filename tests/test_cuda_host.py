@@ -40,6 +40,10 @@ def host(tmp_path_factory):
         void ek_host_attend(const float *q, const unsigned char *k, const unsigned char *v, const int *slot_pos,
                             int n_slots, int qp, int window, int type_k, int type_v, int hd_k, int hd_v,
                             int row_bytes_k, int row_bytes_v, float scale, float *out);
+        void ek_host_attend_split(const float *q, const unsigned char *k, const unsigned char *v,
+                                  const int *slot_pos, int n_slots, int qp, int window, int type_k, int type_v,
+                                  int hd_k, int hd_v, int row_bytes_k, int row_bytes_v, float scale, int chunk,
+                                  int n_splits, float *parts, float *out);
         void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
                                const float *sin_t, const float *h, int r, float limit);
     """)
@@ -74,6 +78,18 @@ def host(tmp_path_factory):
             ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, window, type_k, type_v, hd_k, hd_v,
                                 row_bytes_k, row_bytes_v, scale, out};
             ek_attend_head(ek_one_lane(), a);
+        }
+        void ek_host_attend_split(const float *q, const unsigned char *k, const unsigned char *v,
+                                  const int *slot_pos, int n_slots, int qp, int window, int type_k, int type_v,
+                                  int hd_k, int hd_v, int row_bytes_k, int row_bytes_v, float scale, int chunk,
+                                  int n_splits, float *parts, float *out) {
+            for (int z = 0; z < n_splits; ++z) {  // as ek_attention_split's blocks, then ek_attention_merge
+                const int s0 = z * chunk, s1 = s0 + chunk < n_slots ? s0 + chunk : n_slots;
+                ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, window, type_k, type_v, hd_k, hd_v,
+                                    row_bytes_k, row_bytes_v, scale, parts + z * (2 + hd_v)};
+                ek_attend_slots(ek_one_lane(), a, s0, s1, true);
+            }
+            ek_attend_merge(ek_one_lane(), parts, n_splits, hd_v, out);
         }
         void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
                                const float *sin_t, const float *h, int r, float limit) {
@@ -246,6 +262,40 @@ def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
                             ffi.from_buffer("float[]", out))
     want = _reference_attention(q, k, v, slot_pos, qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
+
+
+@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q4_1"), ("q4_0", "q5_0")])
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_split_over_slot_ranges_and_merged_matches_float64(host, type_k, type_v, window):
+    # ranges of 5 slots over a wrapped ring of 24: some ranges see no visible slot (a window
+    # of 5 leaves most of them empty), and the last ranges lie past the slots written
+    rng = np.random.default_rng(19)
+    hd_k, hd_v, cap, chunk, n_splits = 64, 32, 24, 5, 7
+    slot_pos = rng.permutation(np.arange(cap, dtype=np.int32) + 3).astype(np.int32)
+    slot_pos[[2, 11]] = -1
+    n_slots = 21  # slots 21.. never written
+    qp = int(slot_pos[:n_slots].max()) - 1
+    q = (3 * rng.standard_normal(hd_k)).astype(np.float32)  # scores far apart: the merge's rescaling matters
+    k_rows = _kv_rows(host, type_k, rng.standard_normal((cap, hd_k)).astype(np.float32))
+    v_rows = _kv_rows(host, type_v, rng.standard_normal((cap, hd_v)).astype(np.float32))
+    k, v = dequantize(k_rows, CACHE_TYPES[type_k]), dequantize(v_rows, CACHE_TYPES[type_v])
+    parts = np.full((n_splits, 2 + hd_v), np.nan, np.float32)
+    out, whole = np.zeros(hd_v, np.float32), np.zeros(hd_v, np.float32)
+    ffi = host.ffi
+    args = (ffi.from_buffer("float[]", q), ffi.from_buffer(k_rows), ffi.from_buffer(v_rows),
+            ffi.from_buffer("int[]", slot_pos), n_slots, qp, window, int(CACHE_TYPES[type_k]),
+            int(CACHE_TYPES[type_v]), hd_k, hd_v, k_rows.shape[1], v_rows.shape[1], 0.125)
+    host.lib.ek_host_attend_split(*args, chunk, n_splits, ffi.from_buffer("float[]", parts),
+                                  ffi.from_buffer("float[]", out))
+    host.lib.ek_host_attend(*args, ffi.from_buffer("float[]", whole))
+    visible = (slot_pos[:n_slots] >= 0) & (slot_pos[:n_slots] <= qp) & ((window == 0) |
+                                                                      (qp - slot_pos[:n_slots] < window))
+    seen = [visible[z * chunk:(z + 1) * chunk].any() for z in range(n_splits)]
+    assert not all(seen) and any(seen)
+    np.testing.assert_array_equal(parts[:, 1] > 0, seen)  # a range with nothing visible says so (l = 0)
+    want = _reference_attention(q, k[:n_slots], v[:n_slots], slot_pos[:n_slots], qp, window, 0.125)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
+    assert np.allclose(out, whole, rtol=1e-5, atol=1e-6)  # as the one-warp pass
 
 
 @pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1"])

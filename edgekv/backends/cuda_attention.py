@@ -1,5 +1,7 @@
 """Attention over a layer's ring on the GPU: a chunk's K/V written into its slots in the
-cache's type (ek_kv_write), then every query head over the visible slots (ek_attention).
+cache's type (ek_kv_write), then every query head over the visible slots (ek_attention; for
+a decode step over a long ring, ek_attention_split's ranges of slots and ek_attention_merge:
+cuda_launch.attention_splits).
 
 The rings are the cache's own host arrays, registered and mapped (cuda.py says why), so
 a wrapped ring, a shift's re-rotated keys or a restored state need nothing here: the slot
@@ -82,10 +84,16 @@ class RingAttention:
                       float(limit), n, n_kv, hd, cap, host.shape[2])
         q_pos = be.input(np.asarray(positions, np.int32), be.source(positions, lambda st: st.res.positions))
         n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
-        be.launch("ek_attention", shape.attention(n_heads, n), q, q_pos, k_ring, v_ring,
-                  self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
-                  int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
-                  layer.v.shape[2], out)
+        ring = (q, q_pos, k_ring, v_ring, self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
+                int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
+                layer.v.shape[2])
+        n_splits, chunk = shape.attention_splits(cap, n)
+        if n_splits == 1:
+            be.launch("ek_attention", shape.attention(n_heads, n), *ring, out)
+        else:  # at depth: a warp per range of slots, then the ranges merged
+            parts = be.staging("attention_parts", n * n_heads * n_splits * (2 + hd_v) * 4)
+            be.launch("ek_attention_split", shape.attention_split(n_heads, n, n_splits), *ring, chunk, parts)
+            be.launch("ek_attention_merge", shape.attention(n_heads, n), parts, n_splits, n_heads, hd_v, out)
         self.rotate(out, layer.rot_v)
 
     def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:

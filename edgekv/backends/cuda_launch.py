@@ -58,8 +58,29 @@ def kv_write(items: int, threads: int = 128) -> Launch:
 
 
 def attention(n_heads: int, n_tok: int) -> Launch:
-    """One warp per (query head, token)."""
+    """One warp per (query head, token); also ek_attention_merge's shape."""
     return Launch((n_heads, n_tok), (WARP,))
+
+
+SPLIT_SLOTS = 256  # slots per warp in split attention
+SPLIT_MAX_TOKENS = 4  # more queries than this fill the GPU with (head, token) warps already
+MAX_SPLITS = 64
+
+
+def attention_splits(cap: int, n_tok: int) -> tuple[int, int]:
+    """(ranges, slots per range) for attention over a ring of cap slots: (1, cap), the
+    one-warp pass, for a short ring or many queries; else ranges of SPLIT_SLOTS slots (more
+    each beyond MAX_SPLITS ranges). Decided by the ring's size, not its fill, so a captured
+    decode step replays unchanged as the ring fills."""
+    if n_tok > SPLIT_MAX_TOKENS or cap <= 2 * SPLIT_SLOTS:
+        return 1, cap
+    n = min(MAX_SPLITS, -(-cap // SPLIT_SLOTS))
+    return n, -(-cap // n)
+
+
+def attention_split(n_heads: int, n_tok: int, n_splits: int) -> Launch:
+    """One warp per (query head, token, range of slots)."""
+    return Launch((n_heads, n_tok, n_splits), (WARP,))
 
 
 def rotate(n_values: int, r: int) -> Launch:
