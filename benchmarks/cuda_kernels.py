@@ -3,7 +3,8 @@
 Per kernel call (mean of 200 after 20 warm-up launches, one stream, synchronised at the
 end): the weight matvecs of one SmolLM2-135M and one gemma3-270M layer in their GGUF
 types, their output matrices, and attention over 4096 cached tokens with the f16, q8_0 and
-q4_0 caches. `per token` adds one layer's kernels times the layer count plus the output:
+q4_0 caches, split into ranges or not; the gate+up matrix times 512 prompt tokens by the
+matvec and the matmul kernels. `per token` adds one layer's kernels times the layer count plus the output:
 a floor for a decode step on this GPU before launch overhead (what a CUDA graph removes).
 The weights are random, in the models' shapes and types; only time is measured here
 (tests/test_cuda_device.py checks the numbers).
@@ -76,6 +77,23 @@ def matvec_us(dev, rows: int, cols: int, kind: str, rng) -> tuple[float, float]:
     return s * 1e6, w.nbytes / s / 1e9
 
 
+PREFILL = 512
+
+
+def prefill_us(dev, rows: int, cols: int, kind: str, rng, matmul: bool) -> float:
+    """One matrix times PREFILL tokens: the matvec kernel with a token per grid row, or the
+    matmul kernel (each weight sub-block unpacked once per 8 tokens), as prefill runs it."""
+    w = _weights(rows, cols, kind, rng)
+    wb = dev.upload(w)
+    xq, out = dev.alloc(PREFILL * cols // 32 * 36), dev.alloc(PREFILL * rows * 4)
+    dev.launch("ek_quantize_q8_1", ((PREFILL * cols // 32 + 7) // 8,), (256,),
+               dev.upload(rng.standard_normal((PREFILL, cols)).astype(np.float32)), xq, PREFILL * cols // 32)
+    name = f"ek_{'matmul' if matmul else 'matvec'}_{kind.lower().replace('_k', '_K')}"
+    args = (wb, xq, out, rows, cols, w.shape[1]) + ((PREFILL,) if matmul else ())
+    grid = ((rows + 3) // 4, (PREFILL + 7) // 8 if matmul else PREFILL)
+    return _time(dev, lambda: dev.launch(name, grid, (32, 4), *args), n=20, warm=3) * 1e6
+
+
 def attention_us(dev, heads: tuple[int, int, int], cache: str, rng, split: bool) -> float:
     """One decode query over DEPTH slots: one warp per head, or split into ranges and merged
     (as the backend runs it at depth: cuda_launch.attention_splits)."""
@@ -126,6 +144,11 @@ def main() -> int:
             us, gbs = matvec_us(dev, rows, cols, kind, rng)
             layer += us
             print(f"| {model} | {name} | {rows}x{cols} | {kind} | {us:.1f} | {gbs:.0f} |")
+        name, rows, cols, kind = spec["matrices"][2]
+        for matmul in (False, True):
+            us = prefill_us(dev, rows, cols, kind, rng, matmul)
+            print(f"| {model} | {name} x{PREFILL} tokens, {'matmul' if matmul else 'matvec'} | {rows}x{cols} | "
+                  f"{kind} | {us:.1f} | |")
         rows, cols, kind = spec["output"]
         out_us, gbs = matvec_us(dev, rows, cols, kind, rng)
         print(f"| {model} | output | {rows}x{cols} | {kind} | {out_us:.1f} | {gbs:.0f} |")

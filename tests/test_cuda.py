@@ -50,10 +50,10 @@ def test_every_source_compiles_for_orin_and_hopper_without_warnings(nvrtc, name,
         assert kernel.encode() + b"\0" in cubin, f"{kernel} missing from {name}'s CUBIN"
 
 
-def test_matvec_exports_a_kernel_per_weight_type():
+def test_matvec_exports_a_matvec_and_a_matmul_kernel_per_weight_type():
     names = set(programs.kernel_names(programs.sources()["matvec.cu"]))
-    assert {f"ek_matvec_{t.lower().replace('_k', '_K')}" for t in QUANTIZED} | {"ek_matvec_f32", "ek_matvec_f16",
-                                                                                "ek_matvec_bf16"} <= names
+    types = [t.lower().replace("_k", "_K") for t in QUANTIZED] + ["f32", "f16", "bf16"]
+    assert {f"ek_{form}_{t}" for t in types for form in ("matvec", "matmul")} | {"ek_get_rows"} == names
 
 
 def test_every_kernel_has_a_signature_the_launcher_packs():
@@ -62,7 +62,8 @@ def test_every_kernel_has_a_signature_the_launcher_packs():
         signatures = programs.kernel_signatures(text)
         assert set(signatures) == set(programs.kernel_names(text)), name
         assert all(set(sig) <= set("pifq") and sig for sig in signatures.values()), signatures
-    assert programs.kernel_signatures(programs.sources()["matvec.cu"])["ek_matvec_q6_K"] == "pppiii"
+    matvec = programs.kernel_signatures(programs.sources()["matvec.cu"])
+    assert matvec["ek_matvec_q6_K"] == "pppiii" and matvec["ek_matmul_q6_K"] == "pppiiii"  # + n_tok
     attention = programs.kernel_signatures(programs.sources()["attention.cu"])["ek_attention"]
     assert attention == "pppppp" + "if" + "i" * 9 + "p"
     assert programs.kernel_signatures(programs.sources()["activations.cu"])["ek_scale"] == "pfq"

@@ -129,11 +129,14 @@ def test_decode_over_a_long_ring_splits_attention_into_ranges_and_matches_the_re
     for t in tokens[:600]:
         ref.step(t)
     driver = model.backend.device.driver
-    assert "ek_attention_split" not in driver.launches  # prefill chunks: a warp per (head, token) is plenty
+    prefill = list(driver.launches)
+    assert "ek_attention_split" not in prefill  # prefill chunks: a warp per (head, token) is plenty
+    assert any(k.startswith("ek_matmul_") for k in prefill)  # their weights read once per 8 tokens
     errs = []
     for t in tokens[600:]:  # eager, captured, replayed, replayed
         s.eval([t])
         errs.append(relative_error(s.logits, ref.step(t)))
+    assert not any(k.startswith("ek_matmul_") for k in driver.launches[len(prefill):])  # decode: matvecs
     assert max(errs) < (2e-3 if arch == "gemma3" else 1e-4), errs
     assert driver.launches.count("ek_attention_split") == driver.launches.count("ek_attention_merge") > 0
     assert model.backend.graphs.replayed == 2

@@ -230,8 +230,11 @@ class CUDABackend(Backend):
         for w, out in zip(ws, outs):
             host = out if isinstance(out, np.ndarray) else None
             dst = self.staging("out", out.nbytes).ptr if host is not None else out.ptr
-            self.launch(w.kernel, shape.matvec(w.n_rows, n), w.buf, q8 if w.quantized else x, dst, w.n_rows,
-                        w.n_cols, w.row_bytes)
+            args = (w.buf, q8 if w.quantized else x, dst, w.n_rows, w.n_cols, w.row_bytes)
+            if n == 1:  # a decode step
+                self.launch(w.kernel, shape.matvec(w.n_rows, 1), *args)
+            else:  # each weight sub-block unpacked once for MATMUL_TOKENS tokens
+                self.launch(w.kernel.replace("matvec", "matmul"), shape.matmul(w.n_rows, n), *args, n)
             if host is None:
                 continue
             if self.recording is not None:  # captured: the copy out follows each replay

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 WARP = 32
 MATVEC_ROWS = 4  # EK_ROWS_PER_BLOCK in matvec.cu: rows (warps) per block
+MATMUL_TOKENS = 8  # EK_MATMUL_TOKENS in matvec.cu: tokens per warp of ek_matmul_*
 ELEMENTWISE_THREADS = 256
 ELEMENTWISE_MAX_BLOCKS = 4096  # the kernels loop over the rest (grid-stride)
 MAX_ROTATION = 256  # EK_MAX_ROTATION in rotate.cu
@@ -26,6 +27,11 @@ def _blocks(n: int, per: int) -> int:
 def matvec(n_rows: int, n_tok: int) -> Launch:
     """One warp per output row, MATVEC_ROWS rows per block; grid.y the tokens."""
     return Launch((_blocks(n_rows, MATVEC_ROWS), n_tok), (WARP, MATVEC_ROWS))
+
+
+def matmul(n_rows: int, n_tok: int) -> Launch:
+    """As matvec, each warp taking MATMUL_TOKENS tokens: grid.y covers them."""
+    return Launch((_blocks(n_rows, MATVEC_ROWS), _blocks(n_tok, MATMUL_TOKENS)), (WARP, MATVEC_ROWS))
 
 
 def quantize_q8_1(n_blocks: int, warps: int = 8) -> Launch:

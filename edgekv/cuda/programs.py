@@ -23,7 +23,8 @@ from .nvrtc import Nvrtc, NvrtcError
 OPTIONS: tuple[str, ...] = ()  # beyond nvrtc.compile's --gpu-architecture and --std
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 _DEFINE = re.compile(r"^#define(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
-_MACRO_KERNEL = re.compile(r"^EK_MATVEC\((\w+),", re.MULTILINE)
+_MACRO = re.compile(r"^#define\s+(\w+)\((\w+),\s*\w+\)((?:[^\n]*\\\n)*[^\n]*)", re.MULTILINE)
+_MACRO_KERNEL = re.compile(r"void\s+(\w+)##(\w+)\s*\(([^)]*)\)")  # void ek_matvec_##type(...) in a macro
 CUBIN_MAGIC = b"\x7fELF"
 
 
@@ -53,9 +54,21 @@ def headers() -> dict[str, str]:
 
 def kernel_names(source: str) -> list[str]:
     """The kernels a source exports by their C names (cuModuleGetFunction looks them up):
-    written out, or made by matvec.cu's EK_MATVEC macro."""
+    written out, or made by a macro such as matvec.cu's EK_MATVEC(type, DOT), which
+    defines ek_matvec_##type and ek_matmul_##type."""
     body = _DEFINE.sub("", source)  # a macro's own text is a pattern, not a kernel
-    return _KERNEL.findall(body) + _MACRO_KERNEL.findall(body)
+    return _KERNEL.findall(body) + list(_macro_kernels(source))
+
+
+def _macro_kernels(source: str) -> dict[str, str]:
+    """name -> parameter list of each kernel a macro use makes (MACRO(type, ...) with the
+    macro declaring `void prefix##type(params)`)."""
+    body, out = _DEFINE.sub("", source), {}
+    for macro, arg, text in _MACRO.findall(source):
+        made = [(prefix, params) for prefix, pasted, params in _MACRO_KERNEL.findall(text) if pasted == arg]
+        for use in re.findall(r"^" + macro + r"\((\w+),", body, re.MULTILINE):
+            out.update({prefix + use: params for prefix, params in made})
+    return out
 
 
 def _kind(param: str) -> str:
@@ -73,16 +86,10 @@ def _kind(param: str) -> str:
 def kernel_signatures(source: str) -> dict[str, str]:
     """Each kernel of a source -> its parameters' kinds for driver.pack_args ('p' pointer,
     'i' int, 'f' float, 'q' 64-bit), read from its declaration (or its macro's)."""
-    out = {}
-    macros = {m.group(1): m.group(2) for m in re.finditer(
-        r"#define\s+(EK_MATVEC)\(name, DOT\)[\s\S]*?void name\(([^)]*)\)", source)}
+    out, made = {}, _macro_kernels(source)
     for name in kernel_names(source):
         found = re.search(r"void\s+" + name + r"\s*\(([^)]*)\)", _DEFINE.sub("", source))
-        if found is None:
-            macro = re.search(r"^(EK_MATVEC)\(" + name + ",", source, re.MULTILINE).group(1)
-            params = macros[macro]
-        else:
-            params = found.group(1)
+        params = found.group(1) if found is not None else made[name]
         out[name] = "".join(_kind(p) for p in params.replace("\\", " ").split(","))
     return out
 
