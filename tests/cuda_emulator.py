@@ -144,7 +144,7 @@ class EmulatedDriver:
             return
         self.launches.append(fn)
         name = fn[3:]
-        kernel = KERNELS.get(name) or (matvec if name.startswith("matvec_") else None)
+        kernel = KERNELS.get(name) or (matvec if name.startswith(("matvec_", "matmul_")) else None)
         kernel(Launch(fn, tuple(grid), tuple(block)), *args)
 
 
@@ -200,9 +200,13 @@ def quantize_q8_1(L, x, y, n_blocks):
     blocks["s"] = (d * q.sum(axis=1)).astype(np.float16)
 
 
-def matvec(L, w, x, out, n_rows, n_cols, row_bytes):
+def matvec(L, w, x, out, n_rows, n_cols, row_bytes, n_tok=None):
+    """ek_matvec_* (grid.y: a token each) and ek_matmul_* (n_tok: 8 tokens a warp)."""
     ggml_type = T[L.name[len("ek_matvec_"):].upper()]
-    n_tok = L.grid[1]
+    if n_tok is None:
+        n_tok = L.grid[1]
+    else:
+        L.need(L.grid[1] == -(-n_tok // 8) and n_tok > 1, "8 tokens a warp (a single token is a matvec)")
     L.need(L.block[:2] == (32, 4) and L.grid[0] * 4 >= n_rows, "a warp per row, 4 rows per block")
     weights = dequantize(mem(w, n_rows * row_bytes, np.uint8), ggml_type, n_cols)
     if ggml_type in (T.F32, T.F16, T.BF16):
@@ -285,6 +289,13 @@ def softcap(L, x, cap, n):
     _elementwise(L, n)
     v = mem(x, n)
     v[:] = cap * np.tanh(v.astype(np.float64) / cap)
+
+
+def softmax_rows(L, x, n):
+    _rows_block(L, n)
+    v = mem(x, L.grid[0] * n).reshape(-1, n)
+    e = np.exp(v.astype(np.float64) - v.max(axis=1, keepdims=True))
+    v[:] = e / e.sum(axis=1, keepdims=True)
 
 
 def add_bias(L, x, b, d, n):
@@ -388,5 +399,5 @@ def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap,
 
 
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
-                                   gelu_mul, add, scale, softcap, add_bias, rotate, kv_write, attention,
+                                   gelu_mul, add, scale, softcap, softmax_rows, add_bias, rotate, kv_write, attention,
                                    attention_split, attention_merge, kv_shift)}

@@ -17,19 +17,30 @@ from gguf.quants import dequantize, quantize
 
 from test_cuda_host import CACHE_TYPES, QUANTIZED, _reference_attention, _weights
 
-pytestmark = pytest.mark.gpu
-
 ROWS_PER_BLOCK = 4  # matvec.cu's EK_ROWS_PER_BLOCK
 
 
-@pytest.fixture(scope="module")
-def dev():
+@pytest.fixture(scope="module", params=[pytest.param("gpu", marks=pytest.mark.gpu), "emulated"])
+def dev(request):
+    """The GPU (marker gpu), or the emulated driver (tests/cuda_emulator.py), which runs each
+    kernel's NumPy twin: in `make test` it checks these tests' own launches, buffers and
+    byte layouts, so the scarce GPU run fails only on what the kernels do."""
     from edgekv.cuda.runtime import Device
 
-    d = Device()
-    print(f"\n{d.info.name}, sm_{d.info.arch}, NVRTC {d.nvrtc.version}")
+    if request.param == "emulated":
+        from cuda_emulator import EmulatedDevice
+
+        d = EmulatedDevice(integrated=False)
+    else:
+        d = Device()
+        print(f"\n{d.info.name}, sm_{d.info.arch}, NVRTC {d.nvrtc.version}")
     yield d
     d.close()
+
+
+def _stored(x, t) -> np.ndarray:
+    """x in GGUF type t as the bytes its rows hold (gguf.quants gives F16 as float16 values)."""
+    return np.ascontiguousarray(quantize(x, t)).view(np.uint8)
 
 
 def _f32(dev, a):
@@ -84,17 +95,40 @@ def test_quantized_matvec(dev, kind, n_tok):
 def test_float_matvec(dev, kind):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((29, 384)).astype(np.float32)
-    raw = quantize(w, T[kind]) if kind != "F32" else w.view(np.uint8)
+    raw = _stored(w, T[kind]) if kind != "F32" else w.view(np.uint8)
     x = rng.standard_normal((2, 384)).astype(np.float32)
     got = _matvec(dev, f"ek_matvec_{kind.lower()}", dev.upload(raw), _f32(dev, x), 29, 384, raw.shape[1], 2)
     wd = dequantize(raw, T[kind]).astype(np.float64) if kind != "F32" else w.astype(np.float64)
     assert np.allclose(got, x.astype(np.float64) @ wd.T, rtol=1e-4, atol=1e-4)
 
 
+def _matmul(dev, name, w_buf, x_buf, n_rows, n_cols, row_bytes, n_tok):
+    out = dev.alloc(n_tok * n_rows * 4)
+    dev.launch(name, ((n_rows + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK, (n_tok + 7) // 8), (32, ROWS_PER_BLOCK), w_buf,
+               x_buf, out, n_rows, n_cols, row_bytes, n_tok)
+    return dev.download(out, np.zeros((n_tok, n_rows), np.float32))
+
+
+@pytest.mark.parametrize("kind", QUANTIZED + ["F32", "F16", "BF16"])
+def test_matmul_gives_each_token_the_matvecs_sums(dev, kind):
+    # 19 tokens: two warps' worth of 8 and a partial third; the same sums in the same order
+    rng = np.random.default_rng(4)
+    n_rows, n_cols, n_tok = 37, 512, 19
+    w = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+    rows = w.view(np.uint8) if kind == "F32" else _stored(w, T[kind]) if kind in ("F16", "BF16") else \
+        _weights(kind, n_rows, n_cols, rng)
+    x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+    x_buf = _f32(dev, x) if kind in ("F32", "F16", "BF16") else _q8_1(dev, x)[0]
+    suffix, w_buf = kind.lower().replace("_k", "_K"), dev.upload(rows)
+    got = _matmul(dev, f"ek_matmul_{suffix}", w_buf, x_buf, n_rows, n_cols, rows.shape[1], n_tok)
+    want = _matvec(dev, f"ek_matvec_{suffix}", w_buf, x_buf, n_rows, n_cols, rows.shape[1], n_tok)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6), np.abs(got - want).max()
+
+
 @pytest.mark.parametrize("kind", QUANTIZED + ["F16", "F32"])
 def test_embedding_rows_are_gguf_quants_values(dev, kind):
     rng = np.random.default_rng(4)
-    rows = _weights(kind, 10, 256, rng) if kind in QUANTIZED else quantize(
+    rows = _weights(kind, 10, 256, rng) if kind in QUANTIZED else _stored(
         rng.standard_normal((10, 256)).astype(np.float32), T[kind])
     ids = np.array([3, 0, 9, 3], np.int32)
     out = dev.alloc(4 * 256 * 4)
@@ -157,7 +191,7 @@ def test_kv_rows_written_on_the_device_are_gguf_quants_bytes(dev, name):
                np.inf, n_tok, n_kv, hd, cap, row_bytes)
     got = dev.download(ring, np.zeros((n_kv, cap, row_bytes), np.uint8))
     for i, slot in enumerate(slots):
-        want = quantize(src[i], t) if name not in ("f32",) else src[i].view(np.uint8)
+        want = _stored(src[i], t) if name not in ("f32",) else src[i].view(np.uint8)
         assert np.array_equal(got[:, slot], want.reshape(n_kv, row_bytes)), (name, slot)
 
 
@@ -166,8 +200,8 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
     rng = np.random.default_rng(7)
     n_heads, n_kv, hd, cap, n_tok = 9, 3, 64, 40, 2
     tk, tv = CACHE_TYPES[type_k], CACHE_TYPES[type_v]
-    k = quantize(rng.standard_normal((n_kv, cap, hd)).astype(np.float32), tk)
-    v = quantize(rng.standard_normal((n_kv, cap, hd)).astype(np.float32), tv)
+    k = _stored(rng.standard_normal((n_kv, cap, hd)).astype(np.float32), tk)
+    v = _stored(rng.standard_normal((n_kv, cap, hd)).astype(np.float32), tv)
     slot_pos = rng.permutation(cap).astype(np.int32) + 10
     slot_pos[7] = -1
     q_pos = np.array([slot_pos.max() - 3, slot_pos.max()], np.int32)
@@ -193,12 +227,15 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
 
 
 def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):
+    from edgekv.cuda.arrays import page_aligned
+
     rng = np.random.default_rng(8)
-    rows = quantize(rng.standard_normal((64, 576)).astype(np.float32), T.Q8_0)
+    rows = _stored(rng.standard_normal((64, 576)).astype(np.float32), T.Q8_0)
     x = rng.standard_normal((1, 576)).astype(np.float32)
     xq, _ = _q8_1(dev, x)
     uploaded = _matvec(dev, "ek_matvec_q8_0", dev.upload(rows), xq, 64, 576, rows.shape[1], 1)
-    host = np.ascontiguousarray(rows)
+    host = page_aligned(rows.shape, rows.dtype)  # memory registered for the GPU: whole pages of its own
+    host[...] = rows
     mapped = _matvec(dev, "ek_matvec_q8_0", dev.map(host), xq, 64, 576, rows.shape[1], 1)
     assert np.array_equal(uploaded, mapped)
 
@@ -221,7 +258,7 @@ def test_a_context_shift_re_rotates_keys_on_the_device(dev, name):
     n_kv, hd, cap, t = 2, 64, 8, CACHE_TYPES[name]
     h = rotation_for(name.startswith("q"), hd, largest=True)
     x = rng.standard_normal((n_kv, cap, hd)).astype(np.float32)
-    ring = quantize((x @ h if h is not None else x).astype(np.float32), t)
+    ring = _stored((x @ h if h is not None else x).astype(np.float32), t)
     slots = np.array([1, 4, 6], np.int32)
     ang = rng.uniform(-3, 3, (3, hd // 2))
     buf = dev.upload(ring)
