@@ -12,6 +12,7 @@ these tests run in every `make test`; a machine with a GPU runs tools/gpu_check.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
@@ -42,7 +43,7 @@ def nvrtc():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(p.name for p in NATIVE.glob("*.cu")))
 def test_every_source_compiles_for_orin_and_hopper_without_warnings(nvrtc, name, arch, tmp_path):
-    cubin = programs.cubin(name, arch, nvrtc, cache=tmp_path)  # raises on any warning
+    cubin = programs.cubin(name, arch, nvrtc, cache=tmp_path, strict=True)  # raises on any warning
     assert cubin.startswith(programs.CUBIN_MAGIC)
     names = programs.kernel_names(programs.sources()[name])
     assert names, f"{name} exports no kernel"
@@ -91,7 +92,7 @@ def test_the_cache_is_keyed_by_source_and_arch_and_survives_damage(nvrtc, tmp_pa
     assert len(list(tmp_path.glob("*.cubin"))) == 2  # a changed source never reuses the old binary
 
 
-def test_compile_errors_and_warnings_carry_the_log(nvrtc, tmp_path, monkeypatch):
+def test_compile_errors_and_warnings_carry_the_log(nvrtc, tmp_path, monkeypatch, caplog):
     with pytest.raises(NvrtcError, match=r"broken\.cu does not compile for sm_87[\s\S]*undefined_thing"):
         nvrtc.compile('extern "C" __global__ void k(float* x) { x[0] = undefined_thing; }', "broken.cu", 87)
     folder = tmp_path / "native"
@@ -99,7 +100,10 @@ def test_compile_errors_and_warnings_carry_the_log(nvrtc, tmp_path, monkeypatch)
     (folder / "warn.cu").write_text('extern "C" __global__ void k(float* x) { int unused; x[0] = 1.0f; }\n')
     monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(folder))
     with pytest.raises(NvrtcError, match=r"with warnings[\s\S]*unused"):
-        programs.cubin("warn.cu", 87, nvrtc, cache=tmp_path)
+        programs.cubin("warn.cu", 87, nvrtc, cache=tmp_path, strict=True)
+    with caplog.at_level(logging.WARNING, logger="edgekv"):  # a user's NVRTC warning: said, not fatal
+        assert programs.cubin("warn.cu", 87, nvrtc, cache=tmp_path).startswith(programs.CUBIN_MAGIC)
+    assert "warned compiling warn.cu for sm_87" in caplog.text and "unused" in caplog.text
     with pytest.raises(NvrtcError, match="cannot compile for sm_30.*Jetson Orin"):
         nvrtc.compile("", "empty.cu", 30)
 
@@ -203,6 +207,23 @@ def test_auto_runs_on_the_cpu_saying_why_a_gpu_it_found_cannot_be_used(fake_libc
         resolve_backend_name("cuda")
 
 
+def test_a_gpu_older_than_the_kernels_need_is_named_and_auto_says_so(fake_libcuda, monkeypatch, capfd):
+    from edgekv import backends
+
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    monkeypatch.setenv("FAKE_CUDA_CC", "53")  # a Jetson Nano (Maxwell): no __dp4a
+    assert "Fake Orin is sm_53: edgekv's CUDA kernels need compute capability 6.1 or newer" in probe().problem
+    assert resolve_backend_name("auto") == "cpu"
+    assert "found Fake Orin but CUDA cannot be used: Fake Orin is sm_53" in capfd.readouterr().err
+    with pytest.raises(EdgeKVError, match="sm_53: edgekv's CUDA kernels need"):
+        resolve_backend_name("cuda")
+    monkeypatch.setenv("FAKE_CUDA_CC", "61")  # Pascal: enough
+    assert probe().problem is None
+
+
 def test_kernel_arguments_are_packed_as_the_kernel_reads_them():
     ffi = cffi.FFI()
     params, holders = pack_args(ffi, "pifq", [0xDEADBEEF00, -7, 0.5, 2**40])
@@ -250,3 +271,29 @@ def test_n_gpu_layers_falls_back_to_the_cpu_saying_why_in_one_line(tiny_model, f
     assert len(err) == 1 and "CUDA cannot be used: cuDevicePrimaryCtxRetain failed" in err[0]
     assert llm._model.backend.name == "cpu" and llm("hi", max_tokens=4, temperature=0)["choices"][0]["text"] == \
         quiet("hi", max_tokens=4, temperature=0)["choices"][0]["text"]
+
+
+def test_the_backend_builds_every_kernel_when_it_is_made(nvrtc, tmp_path, monkeypatch):
+    # on the emulated driver with the real compile-and-load step: every source is built before
+    # the first step, so a kernel that cannot be built is an error where auto can still fall back
+    from cuda_emulator import EmulatedDevice
+    from edgekv.backends.cuda import CUDABackend
+    from edgekv.cuda.runtime import Device
+
+    class Building(EmulatedDevice):
+        load_kernels = Device.load_kernels
+
+    monkeypatch.setattr(programs, "kernel_cache_dir", lambda: tmp_path / "cache")
+    device = Building()
+    device.nvrtc = nvrtc
+    CUDABackend(device)
+    assert set(device._modules) == set(programs.sources())
+    assert all(cubin.startswith(programs.CUBIN_MAGIC) for cubin in device._modules.values())
+    folder = tmp_path / "native"
+    shutil.copytree(NATIVE, folder)
+    (folder / "broken.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_thing; }\n')
+    monkeypatch.setenv("EDGEKV_NATIVE_DIR", str(folder))
+    broken = Building()
+    broken.nvrtc = nvrtc
+    with pytest.raises(NvrtcError, match="broken.cu does not compile"):
+        CUDABackend(broken)

@@ -88,6 +88,7 @@ class CUDABackend(Backend):
 
     def __init__(self, device: Device | None = None):
         self.device = device or Device()
+        self.device.load_kernels()  # a compile error here, not mid-step (auto then takes the CPU)
         self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
         self._staging: dict[str, Buffer] = {}  # growing device buffers for a step's temporaries
         self._vectors: dict[int, tuple[weakref.ref, Buffer]] = {}  # host vector id -> (it, its device copy)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import EdgeKVError
-from .driver import CudaUnavailable, DeviceInfo, open_driver, version_text
+from .driver import MIN_ARCH, CudaUnavailable, DeviceInfo, open_driver, version_text
 
 
 @dataclass
@@ -55,8 +55,13 @@ def probe() -> CudaStatus:
         driver = open_driver()
         status.driver = version_text(driver.version)
         status.devices = driver.devices()
+        old = [d for d in status.devices if d.arch < MIN_ARCH]
         if not status.devices:
             status.problem = "the NVIDIA driver reports no CUDA device"
+        elif old:
+            status.problem = (f"{old[0].name} is sm_{old[0].arch}: edgekv's CUDA kernels need compute capability "
+                              f"{MIN_ARCH // 10}.{MIN_ARCH % 10} or newer (__dp4a); "
+                              "run on the CPU with --backend cpu")
     except CudaUnavailable as exc:
         status.problem = str(exc)
     try:

@@ -86,6 +86,7 @@ ERROR_INSUFFICIENT_DRIVER = 35
 ERROR_NO_DEVICE = 100
 
 LIBCUDA = "libcuda.so.1"
+MIN_ARCH = 61  # __dp4a (the int8 dot products of every quantized matvec): Pascal sm_61 and newer
 FIX_DRIVER = ("install the NVIDIA driver (on Jetson: JetPack 5 or 6), or run on the CPU with --backend cpu "
               "(EDGEKV_BACKEND=cpu)")
 # the kernel argument kinds `pack_args` knows: device pointer, int32, uint64, float32

@@ -65,6 +65,14 @@ class Device:
 
     # -- kernels -------------------------------------------------------------------------------
 
+    def load_kernels(self) -> None:
+        """Compile (or take from the disk cache) and load every native/ source now, so a
+        kernel that cannot be built is an error when the backend is made (where `auto`
+        falls back to the CPU), not in the middle of a step."""
+        for source in programs.sources():
+            if source not in self._modules:
+                self._modules[source] = self.driver.load_module(programs.cubin(source, self.info.arch, self.nvrtc))
+
     def function(self, name: str) -> tuple[Any, str]:
         """The kernel `name` and its argument kinds, its source compiled and loaded on first use."""
         if name not in self._functions:

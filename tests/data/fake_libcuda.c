@@ -1,7 +1,7 @@
 /* A stand-in for libcuda.so.1 on machines without a GPU (tests/test_cuda.py): cuInit returns
    $FAKE_CUDA_INIT (default 0, success), and then one device, "Fake Orin", reports Jetson Orin's
-   attributes. The calls edgekv's probe makes answer; every other call the driver API has for
-   edgekv fails with CUDA_ERROR_NOT_SUPPORTED (a device that cannot run kernels), and built
+   attributes (compute capability $FAKE_CUDA_CC where set, e.g. 53 for a Jetson Nano). The
+   calls edgekv's probe makes answer; every other call the driver API has for edgekv fails with CUDA_ERROR_NOT_SUPPORTED (a device that cannot run kernels), and built
    with -DFAKE_OLD_DRIVER they are missing (a driver older than edgekv needs). */
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +35,8 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
         case 16: *value = 8; return 0;   /* multiprocessors */
         case 18: *value = 1; return 0;   /* integrated */
         case 19: *value = 1; return 0;   /* can map host memory */
-        case 75: *value = 8; return 0;   /* compute capability 8.7 */
-        case 76: *value = 7; return 0;
+        case 75: *value = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) / 10 : 8; return 0;  /* 8.7 */
+        case 76: *value = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) % 10 : 7; return 0;
         default: return 1;
     }
 }
