@@ -61,3 +61,8 @@ class ConvertError(EdgeKVError):
     """A Hugging Face checkpoint that cannot be converted as asked (or a GGUF that cannot be
     turned back into one): a missing or corrupt file, an architecture or tokenizer edgekv does
     not know. The message says what to do."""
+
+
+class GpuOutOfMemory(EdgeKVError):
+    """The GPU has too little free memory for what was asked (cuda.runtime.Device.alloc);
+    where the backend was left to auto, the model loads on the CPU instead."""

@@ -16,8 +16,9 @@ import time
 
 import numpy as np
 
-from .backends import Backend, get_backend
+from .backends import Backend, cpu_instead, get_backend
 from .catalog import resolve_model
+from .errors import GpuOutOfMemory
 from .gguf import GGUFFile
 from .kernels.jit_cache import kernels_cached
 from .kv_calibration import key_map_for
@@ -45,7 +46,11 @@ class Model:
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
-            self.network = build_model(self.gguf, self.backend)
+            try:
+                self.network = build_model(self.gguf, self.backend)
+            except GpuOutOfMemory as exc:  # weights too large for a discrete GPU: auto takes the CPU
+                self.backend = cpu_instead(backend, exc)
+                self.network = build_model(self.gguf, self.backend)
             self.hp = self.network.hp
             self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
             self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from edgekv.cuda import programs
-from edgekv.cuda.driver import DeviceInfo, pack_args
+from edgekv.cuda.driver import ERROR_OUT_OF_MEMORY, CudaError, DeviceInfo, pack_args
 from edgekv.cuda.runtime import Device
 
 PAGE = 4096
@@ -35,6 +35,7 @@ class EmulatedDriver:
         self.info = DeviceInfo(0, "Emulated GPU", (8, 7), 8 << 30, integrated, True, 8)
         self.version = 12060
         self._memory: dict[int, np.ndarray] = {}  # allocated: address -> bytes
+        self.capacity = self.info.total_memory  # what cuMemAlloc may hand out in all
         self.registered: list[tuple[int, int]] = []  # host ranges [start, end)
         self.launches: list[str] = []  # kernel names, in order
         self.copies_to_host = 0
@@ -87,6 +88,8 @@ class EmulatedDriver:
 
     def alloc(self, nbytes: int) -> int:
         self.not_capturing("cuMemAlloc")
+        if self.allocated() + nbytes > self.capacity:
+            raise CudaError("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)", ERROR_OUT_OF_MEMORY)
         buf = np.zeros(max(nbytes, 1), np.uint8)
         self._memory[buf.ctypes.data] = buf
         return buf.ctypes.data
@@ -94,6 +97,12 @@ class EmulatedDriver:
     def free(self, ptr: int) -> None:
         self.not_capturing("cuMemFree")
         del self._memory[ptr]
+
+    def allocated(self) -> int:
+        return sum(buf.nbytes for buf in self._memory.values())
+
+    def memory_info(self) -> tuple[int, int]:
+        return self.capacity - self.allocated(), self.info.total_memory
 
     def memset(self, dst: int, value: int, nbytes: int, stream=None) -> None:
         self.not_capturing("cuMemsetD8Async")

@@ -390,3 +390,33 @@ def test_device_memory_goes_with_the_session_and_the_model_that_own_it(tiny_mode
     backend.synchronize()
     staging = sum(buf.nbytes for buf in backend._staging.values())  # the backend's own, reused by every model
     assert device.allocated() == staging and len(device.driver._memory) == len(backend._staging)
+
+
+def test_a_model_too_large_for_the_gpu_is_a_clear_error_or_with_auto_runs_on_the_cpu(tiny_model, monkeypatch,
+                                                                                        capfd):
+    from edgekv import backends
+    from edgekv.errors import GpuOutOfMemory
+
+    path = tiny_model("llama")
+    backend = CUDABackend(EmulatedDevice(integrated=False))  # discrete: the weights are uploaded
+    driver = backend.device.driver
+    driver.capacity = 64 << 10  # 64 KiB of GPU memory
+    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: .* MiB asked, 0 MiB of "
+                                             r"8.0 GiB free; use a smaller model.*--backend cpu"):
+        load(path, backend=backend)  # asked for by name: the error
+    monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
+    monkeypatch.setattr(backends, "_auto", lambda: "cuda")  # a machine whose probe found this GPU usable
+    monkeypatch.setitem(backends._made, "cuda", backend)
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    capfd.readouterr()
+    model = load(path)  # left to auto
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CUDA cannot be used: the GPU (Emulated GPU) is out of memory" in err[0] \
+        and err[0].endswith("running on the CPU")
+    assert model.backend.name == "cpu" and backends.resolve_backend_name() == "cpu"
+    want = load(path, backend="cpu").session(n_ctx=32).eval([1, 2, 3])
+    np.testing.assert_array_equal(model.session(n_ctx=32).eval([1, 2, 3]), want)
+    gc.collect()
+    backend.synchronize()
+    assert driver.allocated() == sum(b.nbytes for b in backend._staging.values())  # the weights that fit went

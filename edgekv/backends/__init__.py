@@ -77,8 +77,6 @@ def _auto() -> str:
     from ..cuda import probe
     from ..cuda.driver import LIBCUDA
 
-    if _cuda_failed is not None:
-        return "cpu"
     try:  # no driver library: a CPU machine (a plain dlopen: quicker to fail than cffi's search)
         ctypes.CDLL(os.environ.get("EDGEKV_LIBCUDA") or LIBCUDA)
     except OSError:
@@ -108,7 +106,7 @@ def resolve_backend_name(name: str | None = None) -> str:
     asked = name if name is not None else os.environ.get("EDGEKV_BACKEND", "") or "auto"
     asked = asked.strip().lower()
     if asked == "auto":
-        return _auto()
+        return "cpu" if _cuda_failed is not None else _auto()
     reason = why_unavailable(asked)
     if reason is not None:
         source = "" if name is not None else " (from EDGEKV_BACKEND)"
@@ -121,19 +119,29 @@ def get_backend(name: str | Backend | None = None) -> Backend:
     """The backend object for `name` (see resolve_backend_name), made once per process."""
     if isinstance(name, Backend):
         return name
-    global _cuda_failed
     resolved = resolve_backend_name(name)
     if resolved not in _made:
         try:
             _made[resolved] = _make(resolved)
         except EdgeKVError as exc:  # the device or the kernel build failed after the probe passed
-            asked = name if name is not None else os.environ.get("EDGEKV_BACKEND", "") or "auto"
-            if resolved != "cuda" or asked.strip().lower() != "auto":
+            if resolved != "cuda":
                 raise
-            _cuda_failed = str(exc)
-            _say_auto_fallback(f"CUDA cannot be used: {exc}")
-            return get_backend("cpu")
+            return cpu_instead(name, exc)
     return _made[resolved]
+
+
+def cpu_instead(name: str | Backend | None, exc: EdgeKVError) -> Backend:
+    """After CUDA failed with exc (it could not be made, a model does not fit the GPU): the
+    CPU backend where `name` left the choice to auto, saying why in one line (auto then takes
+    the CPU for the rest of the process); else exc, raised: CUDA was asked for by name."""
+    global _cuda_failed
+    asked = "" if isinstance(name, Backend) else name if name is not None else \
+        os.environ.get("EDGEKV_BACKEND", "") or "auto"
+    if asked.strip().lower() != "auto":
+        raise exc
+    _cuda_failed = str(exc)
+    _say_auto_fallback(f"CUDA cannot be used: {exc}")
+    return get_backend("cpu")
 
 
 def _make(name: str) -> Backend:
@@ -146,5 +154,5 @@ def _make(name: str) -> Backend:
     return CPUBackend(name, use_int8dot=name == "cpu")
 
 
-__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "get_backend", "offload_choice",
+__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "cpu_instead", "get_backend", "offload_choice",
            "resolve_backend_name"]

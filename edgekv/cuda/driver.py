@@ -84,6 +84,7 @@ CAPTURE_MODE_THREAD_LOCAL = 1
 ERROR_STUB_LIBRARY = 34
 ERROR_INSUFFICIENT_DRIVER = 35
 ERROR_NO_DEVICE = 100
+ERROR_OUT_OF_MEMORY = 2
 
 LIBCUDA = "libcuda.so.1"
 MIN_ARCH = 61  # __dp4a (the int8 dot products of every quantized matvec): Pascal sm_61 and newer
@@ -98,7 +99,11 @@ class CudaUnavailable(EdgeKVError):
 
 
 class CudaError(EdgeKVError):
-    """A CUDA driver call failed."""
+    """A CUDA driver call failed; `code` is its CUresult."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ class Driver:
 
     def check(self, result: int, what: str) -> None:
         if result != 0:
-            raise CudaError(f"{what} failed: {self.error_name(result)}")
+            raise CudaError(f"{what} failed: {self.error_name(result)}", result)
 
     # -- devices ---------------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from . import programs
 from .arrays import PAGE, DeviceArray, page_aligned
-from .driver import CudaError, DeviceInfo, Driver, open_driver
+from ..errors import GpuOutOfMemory
+from .driver import ERROR_OUT_OF_MEMORY, CudaError, DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
 
 log = logging.getLogger("edgekv")
@@ -103,8 +104,18 @@ class Device:
     # -- memory --------------------------------------------------------------------------------
 
     def alloc(self, nbytes: int, owner: object = None) -> Buffer:
-        """Device memory, given back when `owner` goes (None: when the Device closes)."""
-        buf = Buffer(self.driver.alloc(nbytes), nbytes)
+        """Device memory, given back when `owner` goes (None: when the Device closes).
+        GpuOutOfMemory, saying what was asked and what is free, where it does not fit."""
+        try:
+            ptr = self.driver.alloc(nbytes)
+        except CudaError as exc:
+            if exc.code != ERROR_OUT_OF_MEMORY:
+                raise
+            free, total = self.driver.memory_info()
+            raise GpuOutOfMemory(f"the GPU ({self.info.name}) is out of memory: {nbytes / 2**20:.1f} MiB asked, "
+                                 f"{free / 2**20:.0f} MiB of {total / 2**30:.1f} GiB free; use a smaller model, "
+                                 "context or batch, or run on the CPU with --backend cpu") from None
+        buf = Buffer(ptr, nbytes)
         self._owned[buf.ptr] = buf
         if owner is not None:
             self.free_with(owner, buf)
