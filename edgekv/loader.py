@@ -39,7 +39,7 @@ class Model:
         self.backend = get_backend(backend)  # before the file is read: an unknown backend fails at once
         if log.isEnabledFor(logging.INFO):
             log.info("system_info: %s", system_info_line(self.backend))
-        if not kernels_cached(self.backend.name):
+        if not kernels_cached("cpu" if self.backend.name == "cuda" else self.backend.name):  # CUDA's host work
             log.warning("compiling kernels for this CPU on first use (up to a minute); "
                         "`edgekv warmup` does it ahead, once per install")
         self.path = str(path)

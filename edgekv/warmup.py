@@ -113,13 +113,19 @@ def _check_writable(folder: Path) -> None:
 def warmup(backend: str | None = None, jobs: int | None = None, force: bool = False,
            on_start: Callable[[str, Path], None] | None = None) -> tuple[bool, float]:
     """Compile the kernels of `backend` (None: EDGEKV_BACKEND / auto) for this CPU with
-    `jobs` processes (None: one per core, at most 2 are useful). Returns (whether anything
+    `jobs` processes (CUDA: its kernels for the GPU, then the cpu backend's, which its host
+    work and a fallback run) (None: one per core, at most 2 are useful). Returns (whether anything
     was run, seconds); a warm cache and not force: nothing is run. on_start(backend name,
     kernel cache folder) is called when compiling begins."""
-    from .backends import resolve_backend_name
+    from .backends import get_backend, resolve_backend_name
     from .kernels.jit_cache import kernels_cached, mark_warm
 
     name = resolve_backend_name(backend)
+    if name == "cuda":  # its kernels are built (NVRTC, cached) when it is made; its host work runs the cpu kernels
+        if on_start is not None:
+            on_start("cuda", kernel_cache_dir() / "cuda")
+        get_backend(backend)
+        name = "cpu"
     if kernels_cached(name) and not force:
         return False, 0.0
     _check_writable(kernel_cache_dir())

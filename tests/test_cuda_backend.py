@@ -420,3 +420,21 @@ def test_a_model_too_large_for_the_gpu_is_a_clear_error_or_with_auto_runs_on_the
     gc.collect()
     backend.synchronize()
     assert driver.allocated() == sum(b.nbytes for b in backend._staging.values())  # the weights that fit went
+
+
+def test_warmup_on_a_gpu_builds_the_cuda_backend_and_the_cpu_kernels_its_host_work_runs(monkeypatch, tmp_path,
+                                                                                         capsys):
+    from edgekv import backends
+    from edgekv.cli import main
+    from edgekv.kernels import jit_cache
+
+    made = []
+    monkeypatch.setattr(backends, "_why_not_cuda", lambda: None)  # a machine whose GPU the probe accepts
+    monkeypatch.setattr(backends, "_make", lambda name: made.append(name) or CUDABackend(EmulatedDevice()))
+    monkeypatch.setattr(backends, "_made", {})  # made afresh here, and forgotten after
+    monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path))
+    jit_cache.mark_warm("cpu")
+    assert main(["warmup", "--backend", "cuda"]) == 0
+    err = capsys.readouterr().err
+    assert made == ["cuda"] and "compiling the cuda backend's kernels for this GPU" in err
+    assert "kernels already compiled" in err  # the cpu kernels were warm

@@ -26,7 +26,8 @@ def warmup(args: argparse.Namespace) -> int:
     from ..warmup import warmup as run
 
     def announce(name: str, folder) -> None:
-        print(f"edgekv: compiling the {name} backend's kernels for this CPU into {folder} ...",
+        print(f"edgekv: compiling the {name} backend's kernels for this {'GPU' if name == 'cuda' else 'CPU'} "
+              f"into {folder} ...",
               file=sys.stderr, flush=True)
 
     ran, seconds = run(args.backend, args.jobs, args.force, on_start=announce)
