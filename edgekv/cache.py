@@ -35,7 +35,7 @@ import numpy as np
 from .backends import Backend, LayerView, get_backend
 from .errors import ContextFullError, EdgeKVError
 from .heavy_hitters import AttentionTallies
-from .row_transforms import KeyMap, keep_sinks, rotate, rotation_for
+from .row_transforms import KeyMap, keep_sinks, recode_keys, rotate, rotation_for
 from .layer_types import layer_kinds, spec_name
 from .quants import KV_CACHE_TYPES
 
@@ -313,6 +313,7 @@ class KVCache:
         key_map = self.key_map if self.kinds_k[layer].calibrated else None
         if key_map is None and self.backend.shift_ring(self.layer_view(layer), slots, delta, shift_keys):
             return  # re-rotated where the rows lie (the CUDA backend)
+        self.backend.rings_to_host(self)
         k = self.load_k(layer, slots)  # [m, n_kv, hd]
         rot = self.rot_k[layer]
         rotate(k, rot)  # a quantized K is stored Hadamard-rotated: undo (H @ H = I)
@@ -323,6 +324,7 @@ class KVCache:
             key_map.keys(layer, k)
         rotate(k, rot)
         self.write_k(layer, slots, k)
+        self.backend.rings_from_host(self)
         if key_map is not None:
             keep_sinks(self.sink_k[layer], self.pos[layer][slots], k)
 
@@ -340,12 +342,14 @@ class KVCache:
             self.key_map, self.sink_k = key_map, sink_k
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
+        self.backend.rings_from_host(self)
 
     def copy_from(self, other: "KVCache") -> None:
         """Hold other's positions and rows in this (as large or larger) cache. A layer whose
         ring keeps its size is copied slot for slot (ring pointer included); a layer whose
         ring is larger receives its live slots in position order at the front, so a
         windowed ring's next write still overwrites its oldest slot."""
+        other.backend.rings_to_host(other)
         self.sink_k = None if other.sink_k is None else other.sink_k.copy()
         for layer, pos in enumerate(other.pos):
             if self.caps[layer] == other.caps[layer]:
@@ -365,29 +369,8 @@ class KVCache:
         if self.tallies is not None:
             self.set_attention_by_position(*other.attention_by_position())
         if self.key_map is not None and not self.key_map.same(other.key_map):
-            self._recode_keys(other.key_map)
-
-    def _recode_keys(self, old: KeyMap) -> None:
-        """K rows and sink rows stored through the map `old` -> through this cache's map (a
-        calibrated K type's cache that grew into a larger context, whose map differs)."""
-        for layer, pos in enumerate(self.pos):
-            if not self.kinds_k[layer].calibrated:
-                continue
-            slots = np.flatnonzero(pos >= 0)
-            if slots.size:
-                k = self.load_k(layer, slots)
-                self._remap(layer, k, old)
-                self.write_k(layer, slots, k)
-            sinks = np.ascontiguousarray(self.sink_k[layer].transpose(1, 0, 2))  # [SINKS, n_kv, hd]
-            self._remap(layer, sinks, old)
-            self.sink_k[layer] = sinks.transpose(1, 0, 2)
-
-    def _remap(self, layer: int, k: np.ndarray, old: KeyMap) -> None:
-        # stored values through `old` -> stored values through this cache's map, in place
-        rotate(k, self.rot_k[layer])
-        old.unkeys(layer, k)
-        self.key_map.keys(layer, k)
-        rotate(k, self.rot_k[layer])
+            recode_keys(self, other.key_map)
+        self.backend.rings_from_host(self)
 
 
 def _uniform(kinds, spec: str):

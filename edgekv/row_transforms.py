@@ -88,3 +88,25 @@ def keep_sinks(sink_k: np.ndarray, positions: np.ndarray, k: np.ndarray) -> None
     f32[n_kv, SINKS, hd], one layer's sink rows by position."""
     for t in np.flatnonzero(positions < sink_k.shape[1]):
         sink_k[:, positions[t]] = k[t]
+
+
+def recode_keys(cache, old: KeyMap) -> None:
+    """A KVCache's K rows and sink rows stored through the map `old` -> through its own map (a
+    calibrated K type's cache that grew into a larger context, whose map differs)."""
+    def remap(layer: int, k: np.ndarray) -> None:  # in place
+        rotate(k, cache.rot_k[layer])
+        old.unkeys(layer, k)
+        cache.key_map.keys(layer, k)
+        rotate(k, cache.rot_k[layer])
+
+    for layer, pos in enumerate(cache.pos):
+        if not cache.kinds_k[layer].calibrated:
+            continue
+        slots = np.flatnonzero(pos >= 0)
+        if slots.size:
+            k = cache.load_k(layer, slots)
+            remap(layer, k)
+            cache.write_k(layer, slots, k)
+        sinks = np.ascontiguousarray(cache.sink_k[layer].transpose(1, 0, 2))  # [SINKS, n_kv, hd]
+        remap(layer, sinks)
+        cache.sink_k[layer] = sinks.transpose(1, 0, 2)

@@ -288,6 +288,7 @@ class Session:
         """A copy of the tokens, the cache and the last logits, for `restore`."""
         c = self.cache
         assert c.n_tokens == len(self.tokens)
+        c.backend.rings_to_host(c)  # a device-resident ring's rows, copied back
         return SessionState(tokens=tuple(self.tokens), k=tuple(_frozen_copy(a) for a in c.k),
                             v=tuple(_frozen_copy(a) for a in c.v), slot_pos=tuple(_frozen_copy(p) for p in c.pos),
                             ring=_frozen_copy(np.stack([c.used, c.cur])), cache_types=(c.type_k, c.type_v),

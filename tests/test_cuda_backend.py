@@ -163,8 +163,52 @@ def test_weights_are_mapped_on_an_integrated_gpu_and_uploaded_to_a_discrete_one(
     assert weights.mapped == integrated and len(file_pages) == (1 if integrated else 0)
     s = model.session(n_ctx=32)
     s.eval([1, 2, 3])
-    starts = {start for start, _ in driver.registered}  # K, V and slot positions of each layer: their own pages
-    assert all(a.ctypes.data in starts for a in s.cache.k + s.cache.v + s.cache.pos)
+    starts = {start for start, _ in driver.registered}  # slot positions (and on Jetson K, V): their own pages
+    assert all(a.ctypes.data in starts for a in s.cache.pos)
+    assert all((a.ctypes.data in starts) == integrated for a in s.cache.k + s.cache.v)  # discrete: device copies
+
+
+def test_a_discrete_gpus_rings_live_in_device_memory_and_reach_the_host_when_it_reads_them(tiny_model, tmp_path):
+    # snapshots, restores, state files and growth all cross between the device copies of the
+    # rings and their host arrays; each continuation must be the CPU backend's
+    from edgekv.state_file import load_session, save_session
+
+    path = tiny_model("llama", "Q8_0", **WIDE)
+    tokens = [int(t) for t in rng.integers(0, 200, 24)]
+    options = dict(n_ctx=32, n_batch=4, cache_type_k="q8_0", cache_type_v="f16")
+    cpu = load(path, backend="cpu").session(**options)
+    model = cuda_model(path, integrated=False)
+    gpu = model.session(**options)
+    for s in (cpu, gpu):
+        s.eval(tokens[:10])
+    assert not gpu.cache.k[0].any()  # the host arrays were never read back: the rows are on the device
+    state = gpu.snapshot()
+    assert state.k[0][:, :10].any() and not state.k[0][:, 10:].any()  # copied back for the snapshot
+    for t in tokens[10:14]:  # decode past the snapshot (captured and replayed)
+        gpu.eval([t])
+    gpu.restore(state)
+    save_session(gpu, "fp", tmp_path / "s.edgekv")
+    grown = gpu.grown(48)
+    fresh = model.session(**options)
+    load_session(fresh, "fp", tmp_path / "s.edgekv")
+    for t in tokens[10:16]:
+        cpu.eval([t])
+        for s in (gpu, grown, fresh):
+            s.eval([t])
+            assert relative_error(s.logits, cpu.logits) < 2e-2
+    assert model.backend.graphs.replayed > 0
+
+
+def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_device_rows(tiny_model, monkeypatch):
+    path = tiny_model("llama", **WIDE)
+    tokens = rng.integers(0, 200, 40)
+    options = dict(n_ctx=16, n_batch=1, cache_type_k="q8_0", cache_type_v="f16", context_shift="shift", n_keep=2)
+    _, want = _decode(cuda_model(path, integrated=False), tokens, **options)  # shifted on the device
+    model = cuda_model(path, integrated=False)
+    monkeypatch.setattr(model.backend.rings, "shift", lambda *args: False)  # the cache's host path instead
+    _, got = _decode(model, tokens, **options)
+    assert "ek_kv_shift" not in model.backend.device.driver.launches
+    assert max(relative_error(g, w) for g, w in zip(got, want)) < 1e-2
 
 
 def test_a_decode_step_copies_the_logits_out_once_and_launches_the_same_kernels(tiny_model):

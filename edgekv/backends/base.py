@@ -122,6 +122,16 @@ class Backend(ABC):
         """An array a cache takes over (a state's copy), as ring_array would have placed it."""
         return a
 
+    def rings_to_host(self, cache) -> None:
+        """Before the host reads a cache's K/V rows (a snapshot, a copy into a larger cache, a
+        host-side key shift): bring its host arrays up to date. Nothing to do where they are
+        what the kernels read (the CPU; the CUDA backend on an integrated GPU)."""
+
+    def rings_from_host(self, cache) -> None:
+        """After the host wrote a cache's K/V rows or gave it new arrays (a restore, a copy, a
+        host-side key shift): make what the kernels read the same, and drop what was derived
+        from the old arrays."""
+
     def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The rows `rows` of x f32[n, dim], as a new array the caller may overwrite."""
         return x[rows]

@@ -178,7 +178,8 @@ class CUDABackend(Backend):
         self.device.launch(kernel, launch.grid, launch.block, *args)
 
     def ring_array(self, shape_: tuple[int, ...], dtype, fill=0) -> np.ndarray:
-        """A K/V ring or slot-position array: page-aligned host memory the GPU maps."""
+        """A K/V ring or slot-position array: page-aligned host memory the GPU maps (a
+        discrete GPU keeps the K/V rows in device memory: cuda_attention.py)."""
         return page_aligned(shape_, dtype, fill)
 
     def adopt_ring(self, a: np.ndarray) -> np.ndarray:
@@ -188,6 +189,13 @@ class CUDABackend(Backend):
         out = page_aligned(a.shape, a.dtype)
         out[...] = a
         return out
+
+    def rings_to_host(self, cache) -> None:
+        self.rings.to_host(cache.k + cache.v)
+
+    def rings_from_host(self, cache) -> None:
+        self.graphs.forget_cache(cache)  # its graphs may point at arrays the cache no longer holds
+        self.rings.to_device(cache.k + cache.v)
 
     def scratch(self, hp, n_batch: int) -> DeviceScratch:
         return DeviceScratch(hp, n_batch, self.device)

@@ -3,9 +3,15 @@ cache's type (ek_kv_write), then every query head over the visible slots (ek_att
 a decode step over a long ring, ek_attention_split's ranges of slots and ek_attention_merge:
 cuda_launch.attention_splits).
 
-The rings are the cache's own host arrays, registered and mapped (cuda.py says why), so
-a wrapped ring, a shift's re-rotated keys or a restored state need nothing here: the slot
-positions decide what each query sees, as on the CPU. A quantized cache stores K and V
+Where the rows lie: on an integrated GPU (Jetson) the K/V rings are the cache's own host
+arrays, registered and mapped: one copy, in the memory CPU and GPU share. On a discrete GPU
+each ring array has a copy in device memory (made on its first use, given back with the
+array), which the kernels read and write; the host array is brought up to date only when
+the host reads it (KVCache: snapshots, growth), and copied back in when the host wrote it
+(restores): reading the ring over PCIe at every step would cost the depth in bandwidth.
+Slot positions stay mapped host memory (the host writes them every step). A wrapped ring,
+a shift's re-rotated keys or a restored state need nothing else: the slot positions decide
+what each query sees, as on the CPU. A quantized cache stores K and V
 Hadamard-rotated (row_transforms.py): queries and keys are rotated on the way in and the
 output on the way out (ek_rotate), as CPUBackend.attend does.
 
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..cuda.arrays import DeviceArray
+from ..cuda.runtime import Buffer
 from ..errors import EdgeKVError
 from ..quants import row_nbytes
 from . import cuda_launch as shape
@@ -38,6 +45,7 @@ class RingAttention:
         # id(host array) -> (a weak reference to it, its device address): a ring that goes is
         # unregistered (runtime.Device.host_pointer), not kept alive here
         self._pointers: dict[int, tuple[weakref.ref, int]] = {}
+        self._resident: dict[int, tuple[weakref.ref, Buffer]] = {}  # id(K/V ring) -> its device copy
 
     def pointer(self, a: np.ndarray) -> int:
         """The device address of a ring array (registered on first sight; writable: the
@@ -46,6 +54,36 @@ class RingAttention:
         if hit is None or hit[0]() is not a:
             hit = self._pointers[id(a)] = (weakref.ref(a), self.backend.device.host_pointer(a, read_only=False))
         return hit[1]
+
+    def rows(self, a: np.ndarray) -> int:
+        """The device address of a K/V ring's rows: its mapped host array on an integrated
+        GPU, else its copy in device memory, uploaded on first use."""
+        device = self.backend.device
+        if device.info.integrated:
+            return self.pointer(a)
+        hit = self._resident.get(id(a))
+        if hit is None or hit[0]() is not a:
+            hit = self._resident[id(a)] = (weakref.ref(a), device.upload(a, owner=a))
+            weakref.finalize(a, self._resident.pop, id(a), None)
+        return hit[1].ptr
+
+    def _copies(self, arrays):
+        for a in arrays:
+            hit = self._resident.get(id(a))
+            if hit is not None and hit[0]() is a:
+                yield a, hit[1]
+
+    def to_host(self, arrays) -> None:
+        """The device copies of these ring arrays (those that have one) into the host arrays."""
+        for a, buf in self._copies(arrays):
+            self.backend.device.download(buf, a)
+
+    def to_device(self, arrays) -> None:
+        """The host arrays into their device copies (those that have one)."""
+        device = self.backend.device
+        for a, buf in self._copies(arrays):
+            device.driver.to_device(buf.ptr, a, a.nbytes, device.stream)
+        device.synchronize()
 
     def slot_count(self, layer: LayerView):
         """How a replay finds the layer's slot count: its cache's `used` (what layer_view reads)."""
@@ -75,7 +113,7 @@ class RingAttention:
         self.rotate(v, layer.rot_v)
         i = layer.index  # a replayed step's slots, positions and slot count come from its reservation and cache
         dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
-        k_ring, v_ring = self.pointer(layer.k), self.pointer(layer.v)
+        k_ring, v_ring = self.rows(layer.k), self.rows(layer.v)
         cap = layer.slot_pos.shape[0]
         for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
                                                       (v, v_ring, layer.v, layer.type_v, hd_v, layer.limit_v)):
@@ -106,7 +144,7 @@ class RingAttention:
         m, half = cos.shape
         n_kv, cap, row_bytes = layer.k.shape
         rot = layer.rot_k
-        be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.pointer(layer.k),
+        be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.rows(layer.k),
                   be.input(np.asarray(slots, np.int32), None), be.input(cos, None), be.input(sin, None),
                   0 if rot is None else be.vector(rot), 0 if rot is None else rot.shape[0], int(layer.type_k),
                   float(layer.limit_k), m, n_kv, self.head_dim(layer), cap, row_bytes, half, int(shift.mode))

@@ -105,6 +105,11 @@ class DecodeGraphs:
         self.captured += 1
         return graph
 
+    def forget_cache(self, cache) -> None:
+        """Drop every graph of `cache` (it took new ring arrays, or the host rewrote its rows)."""
+        for key in {k for k in (*self.graphs, *self.refused, *self.warm) if k[1] == id(cache)}:
+            self.forget(key)
+
     def forget(self, key: tuple) -> None:
         graph = self.graphs.pop(key, None)
         self.refused.discard(key)
