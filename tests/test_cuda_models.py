@@ -39,9 +39,14 @@ MODELS = ["tiny-llama-F32", "tiny-gemma3-F16", "smollm2", "gemma3"]
 # (mean over the steps, worst step) of max|gpu - cpu| / max|cpu|
 LOGIT_TOL = {"tiny-llama-F32": (1e-2, 1e-2), "tiny-gemma3-F16": (1e-2, 1e-2), "smollm2": (4e-2, 1e-1),
              "gemma3": (5e-2, 1e-1)}
-# 4- and 5-bit caches: a K/V value the two backends compute a hair apart (gemma3's GELU is
-# tanhf on the GPU, ggml's f16 table on the CPU) may round to the next code: the types' own noise
-CACHE_NOISE = {"q4_0": 5e-2, "q4_1": 5e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # added to the model's tolerances
+# 4- and 5-bit caches: a K/V value the two backends compute a hair apart may round to the next
+# code, and these types' rounding moves the logits more than the backends differ (SmolLM2,
+# q4_0 K and V, 16 steps through the emulated driver: the CPU's logits are 0.125 mean / 0.17
+# worst from its own with an f32 cache, the GPU's 0.137 / 0.25, the two from each other
+# 0.14 / 0.26). So each backend is held to the distance from the f32 cache: the GPU's no
+# more than the CPU's by these factors (plus the model's own tolerance)
+LOW_BIT = {"q4_0", "q4_1", "q5_0", "q5_1"}
+LOW_BIT_FACTOR = (1.25, 1.6)  # on the mean, on the worst step
 
 
 @pytest.fixture
@@ -82,9 +87,9 @@ def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
 
 
-def _agree(gpu: np.ndarray, cpu: np.ndarray, tol: tuple[float, float], noise: float = 0.0) -> None:
+def _agree(gpu: np.ndarray, cpu: np.ndarray, tol: tuple[float, float]) -> None:
     errs = _relative(gpu, cpu)
-    assert errs.mean() < tol[0] + noise and errs.max() < tol[1] + noise, f"logits differ by {errs}"
+    assert errs.mean() < tol[0] and errs.max() < tol[1], f"logits differ by {errs}"
     for step, (g, c) in enumerate(zip(gpu, cpu)):
         top = np.sort(c)[::-1]
         diff = np.abs(g - c).max()
@@ -107,8 +112,13 @@ def test_every_cache_type_follows_the_cpu(model_path, cache_type):
     path, tol = model_path
     tokens = _greedy_tokens(path, 16, n_ctx=64)
     options = dict(n_ctx=64, cache_type_k=cache_type, cache_type_v=cache_type)
-    _agree(_steps(path, "cuda", tokens, **options), _steps(path, "cpu", tokens, **options), tol,
-           CACHE_NOISE.get(cache_type, 0.0))
+    gpu, cpu = _steps(path, "cuda", tokens, **options), _steps(path, "cpu", tokens, **options)
+    if cache_type not in LOW_BIT:
+        return _agree(gpu, cpu, tol)
+    exact = _steps(path, "cpu", tokens, n_ctx=64, cache_type_k="f32", cache_type_v="f32")
+    g, c = _relative(gpu, exact), _relative(cpu, exact)
+    assert g.mean() < LOW_BIT_FACTOR[0] * c.mean() + tol[0] and g.max() < LOW_BIT_FACTOR[1] * c.max() + tol[1], \
+        (g, c)
 
 
 @pytest.mark.parametrize("policy", ["shift", "stream"])
