@@ -1,5 +1,6 @@
-"""The native/ kernels on a real GPU (marker `gpu`: not part of `make test`, which runs where
-no GPU is; tools/gpu_check.sh runs these on a machine that has one).
+"""The native/ kernels on a real GPU (marker `gpu`: tools/gpu_check.sh runs these on a machine
+that has one), and the same tests on the emulated driver in `make test`, which checks their
+own launches and byte layouts (the `dev` fixture).
 
 Each kernel against an independent reference: gguf.quants for the bytes of weights and
 K/V rows, float64 NumPy for the arithmetic. Also: weights used through mapped host memory

@@ -2,8 +2,8 @@
 # Issue 12's GPU check, for a machine with an NVIDIA GPU, from a bare checkout (a few minutes):
 #   1. the machine: nvidia-smi, `edgekv info` (driver, device, NVRTC);
 #   2. tests/test_cuda.py and test_cuda_host.py (NVRTC compile checks, refusals, the kernels'
-#      arithmetic built for the host), tests/test_cuda_backend.py (the backend's host side on
-#      the emulated driver), tests/test_cuda_device.py (every native/ kernel on the GPU
+#      arithmetic built for the host), the `gpu` tests of tests/test_cuda_device.py (every
+#      native/ kernel on the GPU
 #      against gguf.quants and float64; mapped host weights; a CUDA graph replay) and
 #      tests/test_cuda_models.py (whole models on the GPU against the CPU backend: greedy
 #      tokens and logits, every cache type, rings that wrap under shift and stream, the
@@ -69,7 +69,10 @@ if ! "$PY" -c "import sys; from edgekv.cuda.nvrtc import find_nvrtc; sys.exit(87
 fi
 status=0
 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" "${select[@]}" tests/test_cuda.py tests/test_cuda_host.py \
-    tests/test_cuda_backend.py tests/test_cuda_device.py tests/test_cuda_models.py || status=$?
+    || status=$?
+# the emulated-driver tests (test_cuda_backend.py, test_cuda_device.py's emulated variant) are make test's
+"$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" -m gpu tests/test_cuda_device.py tests/test_cuda_models.py \
+    || status=$?
 
 echo "== kernels at the models' shapes"
 "$PY" benchmarks/cuda_kernels.py || status=$?
