@@ -47,7 +47,7 @@ export PYTHONUNBUFFERED=1
 
 echo "== machine"
 nvidia-smi -L || echo "(no nvidia-smi)"
-"$PY" -m edgekv info | grep -E "^(edgekv|cpu |cuda|nvrtc)" || true
+"$PY" -m edgekv info | grep -E "^(edgekv|cpu |backend |cuda|nvrtc)" || true
 
 echo "== the real models"
 REAL=0
