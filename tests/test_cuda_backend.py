@@ -211,6 +211,24 @@ def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_devic
     assert max(relative_error(g, w) for g, w in zip(got, want)) < 1e-2
 
 
+@pytest.mark.parametrize("integrated", [True, False])
+def test_the_auto_context_on_a_discrete_gpu_fits_half_its_free_memory(tiny_model, integrated, monkeypatch):
+    from edgekv import Llama, context
+    from edgekv.context import default_mem_budget, weight_bytes
+
+    monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
+    path = str(tiny_model("llama"))
+    backend = CUDABackend(EmulatedDevice(integrated))
+    backend.device.driver.capacity = 3 << 20  # a GPU with 3 MiB: less than the host allows
+    llm = Llama(path, backend=backend, verbose=False)
+    host = default_mem_budget(weight_bytes(llm._model.gguf))
+    free_now = backend.device.driver.memory_info()[0]  # less the session made since the budget
+    if integrated:
+        assert llm._ctx.mem_budget == host  # the rings are the host's memory
+    else:
+        assert free_now // 2 <= llm._ctx.mem_budget <= (3 << 20) // 2 < host  # the GPU's free memory decided
+
+
 def test_a_decode_step_copies_the_logits_out_once_and_launches_the_same_kernels(tiny_model):
     model = cuda_model(tiny_model("gemma3"))
     driver = model.backend.device.driver

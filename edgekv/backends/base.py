@@ -122,6 +122,12 @@ class Backend(ABC):
         """An array a cache takes over (a state's copy), as ring_array would have placed it."""
         return a
 
+    def kv_memory_limit(self) -> int | None:
+        """Bytes a new KV cache may take beyond what host memory allows (the default budget
+        of an n_ctx="auto" context), where the backend keeps the rings in memory of its own:
+        None here, where the host arrays are the rings."""
+        return None
+
     def rings_to_host(self, cache) -> None:
         """Before the host reads a cache's K/V rows (a snapshot, a copy into a larger cache, a
         host-side key shift): bring its host arrays up to date. Nothing to do where they are

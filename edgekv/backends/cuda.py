@@ -190,6 +190,13 @@ class CUDABackend(Backend):
         out[...] = a
         return out
 
+    def kv_memory_limit(self) -> int | None:
+        """A discrete GPU: half its free memory (as the host budget takes half the host's),
+        since each K/V ring has a device copy; Jetson's rings are the host's memory."""
+        if self.device.info.integrated:
+            return None
+        return self.device.driver.memory_info()[0] // 2
+
     def rings_to_host(self, cache) -> None:
         self.rings.to_host(cache.k + cache.v)
 
