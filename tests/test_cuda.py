@@ -224,6 +224,31 @@ def test_a_gpu_older_than_the_kernels_need_is_named_and_auto_says_so(fake_libcud
     assert probe().problem is None
 
 
+def test_the_context_is_made_current_in_each_thread_that_calls_the_driver(fake_libcuda, monkeypatch):
+    # a CUDA context is current per thread: a server's model thread or an app's worker uses
+    # the device made in the main thread
+    import threading
+
+    from edgekv.cuda.runtime import Device
+
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    monkeypatch.setenv("FAKE_CUDA_CONTEXTS", "1")
+    device = Device(nvrtc=object())
+    results = {}
+
+    def in_a_thread(name, work):
+        thread = threading.Thread(target=lambda: results.__setitem__(name, work()))
+        thread.start()
+        thread.join()
+
+    raw = device.driver._lib  # the fake holds the rule: no current context, no allocation
+    in_a_thread("raw", lambda: raw.cuMemAlloc_v2(device.driver.ffi.new("CUdeviceptr *"), 64))
+    assert results["raw"] == 201
+    in_a_thread("device", lambda: device.free(device.alloc(64)) or device.allocated())
+    assert results["device"] == 0
+
+
 def test_kernel_arguments_are_packed_as_the_kernel_reads_them():
     ffi = cffi.FFI()
     params, holders = pack_args(ffi, "pifq", [0xDEADBEEF00, -7, 0.5, 2**40])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -147,12 +148,14 @@ class Driver:
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
         try:
-            self.lib = self.ffi.dlopen(path)
+            self._lib = self.ffi.dlopen(path)
         except OSError as exc:
             reason = str(exc).split(".  Additionally")[0]  # cffi appends its ctypes.util search
             raise CudaUnavailable(f"no NVIDIA driver: {path} cannot be opened ({reason}); {FIX_DRIVER}") from None
         self.path = path
-        missing = [name for name in FUNCTIONS if not hasattr(self.lib, name)]
+        self.context: Any = None  # use_device's: made current in each thread that calls the driver
+        self._thread = threading.local()
+        missing = [name for name in FUNCTIONS if not hasattr(self._lib, name)]
         if missing:
             raise CudaUnavailable(f"the NVIDIA driver ({path}) lacks {', '.join(missing[:3])}"
                                   f"{' and more' if len(missing) > 3 else ''}: it is older than edgekv needs "
@@ -174,11 +177,25 @@ class Driver:
         self.check(self.lib.cuDriverGetVersion(version), "cuDriverGetVersion")
         self.version = version[0]
 
+    @property
+    def lib(self) -> Any:
+        """The driver's functions, with the device's context current in the calling thread."""
+        self.make_current()
+        return self._lib
+
+    def make_current(self) -> None:
+        """use_device's context current in this thread, once per thread: a CUDA context is
+        current per thread, and a server's model thread, an app's worker or a finalizer run
+        by the garbage collector may call where use_device did not."""
+        if self.context is not None and getattr(self._thread, "context", None) is not self.context:
+            self.check(self._lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            self._thread.context = self.context
+
     def error_name(self, result: int) -> str:
         name, text = self.ffi.new("const char **"), self.ffi.new("const char **")
-        if self.lib.cuGetErrorName(result, name) != 0:
+        if self._lib.cuGetErrorName(result, name) != 0:  # needs no context (and may explain a failure to make one)
             return f"CUDA error {result}"
-        self.lib.cuGetErrorString(result, text)
+        self._lib.cuGetErrorString(result, text)
         return f"{self.ffi.string(name[0]).decode()} ({self.ffi.string(text[0]).decode()})"
 
     def check(self, result: int, what: str) -> None:
@@ -217,8 +234,9 @@ class Driver:
         self.check(self.lib.cuDeviceGet(dev, ordinal), f"cuDeviceGet({ordinal})")
         ctx = self.ffi.new("CUcontext *")
         self.check(self.lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
-        self.check(self.lib.cuCtxSetCurrent(ctx[0]), "cuCtxSetCurrent")
-        return ctx[0]
+        self.context = ctx[0]
+        self.make_current()  # here now; in another thread at its first call
+        return self.context
 
     # -- code --------------------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ CUresult cuInit(unsigned int flags) {
 CUresult cuDriverGetVersion(int *version) { *version = 12060; return 0; }
 CUresult cuGetErrorName(CUresult error, const char **name) {
     *name = error == 100 ? "CUDA_ERROR_NO_DEVICE" : error == 999 ? "CUDA_ERROR_UNKNOWN" :
-            error == 801 ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_FAKE";
+            error == 801 ? "CUDA_ERROR_NOT_SUPPORTED" :
+            error == 201 ? "CUDA_ERROR_INVALID_CONTEXT" : "CUDA_ERROR_FAKE";
     return 0;
 }
 CUresult cuGetErrorString(CUresult error, const char **text) { (void)error; *text = "a fake error"; return 0; }
@@ -44,16 +45,12 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
 #ifndef FAKE_OLD_DRIVER
 /* C calls with more arguments than a function takes are harmless: these ignore theirs */
 #define NOT_SUPPORTED(name) CUresult name(void) { return 801; }
-NOT_SUPPORTED(cuDevicePrimaryCtxRetain)
 NOT_SUPPORTED(cuDevicePrimaryCtxRelease_v2)
-NOT_SUPPORTED(cuCtxSetCurrent)
 NOT_SUPPORTED(cuCtxSynchronize)
 NOT_SUPPORTED(cuMemGetInfo_v2)
 NOT_SUPPORTED(cuModuleLoadData)
 NOT_SUPPORTED(cuModuleUnload)
 NOT_SUPPORTED(cuModuleGetFunction)
-NOT_SUPPORTED(cuMemAlloc_v2)
-NOT_SUPPORTED(cuMemFree_v2)
 NOT_SUPPORTED(cuMemcpyHtoDAsync_v2)
 NOT_SUPPORTED(cuMemcpyDtoHAsync_v2)
 NOT_SUPPORTED(cuMemsetD8Async)
@@ -61,13 +58,52 @@ NOT_SUPPORTED(cuMemHostRegister_v2)
 NOT_SUPPORTED(cuMemHostUnregister)
 NOT_SUPPORTED(cuMemHostGetDevicePointer_v2)
 NOT_SUPPORTED(cuLaunchKernel)
-NOT_SUPPORTED(cuStreamCreate)
 NOT_SUPPORTED(cuStreamDestroy_v2)
-NOT_SUPPORTED(cuStreamSynchronize)
 NOT_SUPPORTED(cuStreamBeginCapture_v2)
 NOT_SUPPORTED(cuStreamEndCapture)
 NOT_SUPPORTED(cuGraphInstantiateWithFlags)
 NOT_SUPPORTED(cuGraphLaunch)
 NOT_SUPPORTED(cuGraphExecDestroy)
 NOT_SUPPORTED(cuGraphDestroy)
+
+/* with $FAKE_CUDA_CONTEXTS set: a primary context that is current per thread, as the real
+   driver's, and calls that fail with CUDA_ERROR_INVALID_CONTEXT in a thread without it */
+static __thread const void *current;
+static int the_context;
+static int contexts(void) { return getenv("FAKE_CUDA_CONTEXTS") != 0; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice dev) {
+    (void)dev;
+    if (!contexts()) return 801;
+    *ctx = &the_context;
+    return 0;
+}
+CUresult cuCtxSetCurrent(void *ctx) {
+    if (!contexts()) return 801;
+    current = ctx;
+    return 0;
+}
+CUresult cuStreamCreate(void **stream, unsigned int flags) {
+    (void)flags;
+    if (!contexts()) return 801;
+    if (!current) return 201;
+    *stream = &the_context;
+    return 0;
+}
+CUresult cuStreamSynchronize(void *stream) {
+    (void)stream;
+    if (!contexts()) return 801;
+    return current ? 0 : 201;
+}
+CUresult cuMemAlloc_v2(unsigned long long *ptr, size_t bytes) {
+    if (!contexts()) return 801;
+    if (!current) return 201;
+    *ptr = (unsigned long long)(size_t)malloc(bytes);
+    return 0;
+}
+CUresult cuMemFree_v2(unsigned long long ptr) {
+    if (!contexts()) return 801;
+    if (!current) return 201;
+    free((void *)(size_t)ptr);
+    return 0;
+}
 #endif
