@@ -50,7 +50,7 @@ GROWTH = {
     "~ doubling in a namespace loop": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
                                      "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
     "~ doubling written out": "{% set a = 'x' * 1000000 %}" + "".join(
-        f"{{% set a = a ~ a %}}" for _ in range(12)) + "{{ a|length }}",
+        "{% set a = a ~ a %}" for _ in range(12)) + "{{ a|length }}",
     "+ doubling": "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
                   "{% endfor %}{{ ns.s|length }}",
     "list + doubling": "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
