@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .context import KVPlan, format_bytes, weight_bytes
 from .quants import KV_CACHE_TYPES
+
+if TYPE_CHECKING:
+    from .backends.base import DeviceMemory
 
 F32 = 4  # bytes of a float32
 
@@ -44,8 +47,9 @@ def bytes_per_token_by_type(hp) -> dict[str, int]:
     return per_type
 
 
-def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
-    """Everything `edgekv mem` prints, as numbers (bytes)."""
+def memory_report(gguf_file, hp, plan: KVPlan, device: DeviceMemory | None = None) -> dict[str, Any]:
+    """Everything `edgekv mem` prints, as numbers (bytes); device: the GPU the backend
+    computes on (backends.base.Backend.device_memory), None on the CPU."""
     kinds = plan.kinds()
     weights = weight_bytes(gguf_file)
     compute = compute_bytes(hp, plan)
@@ -65,7 +69,22 @@ def memory_report(gguf_file, hp, plan: KVPlan) -> dict[str, Any]:
         "compute_bytes": sum(compute.values()),
         "total_bytes": weights + plan.kv_bytes + sum(compute.values()),
         "mem_budget": plan.mem_budget,
+        "gpu": None if device is None else gpu_report(device, weights, plan.kv_bytes, compute),
     }
+
+
+def gpu_report(device: DeviceMemory, weights: int, kv_bytes: int, compute: dict[str, int]) -> dict[str, Any]:
+    """What the GPU holds: on an integrated GPU (Jetson) nothing of its own, since the
+    weights and the rings are the host's memory, mapped (counted once, above); on a discrete
+    GPU the uploaded weights, a device copy of each K/V ring and the activations (the
+    scratch rows and the logits: attention runs in place, with no score buffer)."""
+    out = asdict(device)
+    if device.integrated:
+        return {**out, "bytes": 0, "fits": True}
+    activations = compute["scratch"] + compute["logits"]
+    held = weights + kv_bytes + activations
+    return {**out, "weights": weights, "kv": kv_bytes, "activations": activations, "bytes": held,
+            "fits": held <= device.free}
 
 
 def _both(n: int) -> str:
@@ -99,4 +118,23 @@ def format_memory_report(report: dict[str, Any]) -> str:
     lines.append(f"total:           {_both(r['total_bytes'])}")
     if r["mem_budget"] is not None:
         lines.append(f"KV budget:       {_both(r['mem_budget'])}")
+    if r["gpu"] is not None:
+        lines += _gpu_lines(r["gpu"])
     return "\n".join(lines)
+
+
+def _gpu_lines(gpu: dict[str, Any]) -> list[str]:
+    kind = "integrated: shares the host's memory" if gpu["integrated"] else "discrete"
+    lines = [f"gpu:             {gpu['name']} ({kind}), {format_bytes(gpu['free'])} free of "
+             f"{format_bytes(gpu['total'])}"]
+    if gpu["integrated"]:
+        lines.append("gpu holds:       no copy of its own: the weights and the KV cache above are mapped "
+                     "(counted once)")
+        return lines
+    lines.append(f"gpu holds:       {_both(gpu['bytes'])} = weights {format_bytes(gpu['weights'])} + KV cache "
+                 f"{format_bytes(gpu['kv'])} + activations {format_bytes(gpu['activations'])}")
+    if not gpu["fits"]:
+        lines.append(f"gpu fit:         no: {format_bytes(gpu['bytes'])} > {format_bytes(gpu['free'])} free; "
+                     "loading this plan on the GPU fails: use a smaller model, context or cache type, or "
+                     "--backend cpu")
+    return lines

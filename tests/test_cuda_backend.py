@@ -500,3 +500,47 @@ def test_warmup_on_a_gpu_builds_the_cuda_backend_and_the_cpu_kernels_its_host_wo
     err = capsys.readouterr().err
     assert made == ["cuda"] and "compiling the cuda backend's kernels for this GPU" in err
     assert "kernels already compiled" in err  # the cpu kernels were warm
+
+
+@pytest.mark.parametrize("integrated", [True, False])
+def test_edgekv_mem_plans_the_context_loading_on_the_gpu_gets_and_says_what_the_gpu_holds(
+        tiny_model, integrated, monkeypatch, capsys):
+    from edgekv import Llama, backends, context
+    from edgekv.cli import main
+    from edgekv.context import weight_bytes
+    from edgekv.gguf import GGUFFile
+
+    monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
+    monkeypatch.setattr("edgekv.memory.free_memory", lambda: None)  # mem's own reading: no host budget
+    monkeypatch.setattr(backends, "_why_not_cuda", lambda: None)  # a machine whose GPU the probe accepts
+
+    def gpu(name):
+        backend = CUDABackend(EmulatedDevice(integrated))
+        backend.device.driver.capacity = 3 << 20  # 3 MiB: the GPU, not the host, bounds the context
+        return backend
+
+    monkeypatch.setattr(backends, "_make", gpu)
+    monkeypatch.setattr(backends, "_made", {})
+    path = str(tiny_model("llama", n_ctx=1 << 16))  # trained long: the memory, not the model, bounds the context
+    assert main(["mem", "-m", path, "-p", "8", "-n", "-1", "--backend", "cuda"]) == 0
+    out = capsys.readouterr().out
+    n_ctx = int(out.split("n_ctx:")[1].split()[0])
+    weights = weight_bytes(GGUFFile(path))
+    if integrated:
+        assert "(integrated: shares the host's memory)" in out and "no copy of its own" in out
+        assert "budget from:     no budget" in out  # the rings are the host's: no GPU figure
+        return
+    free = int(3 << 20) - backends._made["cuda"].device.driver.allocated()
+    budget = int(out.split("KV budget:")[1].split("bytes")[0].replace(",", ""))
+    assert budget == (free - weights) // 2
+    assert "budget from:     half the GPU's free memory once the weights are on it" in out
+    assert "reason" not in out and "memory budget" in out.split("n_ctx:")[1].split("\n")[0]
+    kv = int(out.split("KV cache total:")[1].split("bytes")[0].replace(",", ""))
+    held = int(out.split("gpu holds:")[1].split("bytes")[0].replace(",", ""))
+    assert kv <= budget and held > weights + kv and "gpu fit" not in out
+    llm = Llama(path, n_ctx="auto", n_batch=512, backend=gpu("cuda"), verbose=False)
+    vectors = sum(int(t.data.nbytes) for t in GGUFFile(path).tensors.values() if len(t.shape) == 1)
+    assert 0 <= llm._ctx.mem_budget - budget <= vectors // 2  # the norm vectors go up at the first step
+    assert llm._ctx._cap == n_ctx  # loading's plan: the one mem printed
+    assert main(["mem", "-m", path, "-c", str(2 * n_ctx), "--backend", "cuda"]) == 0  # more than the GPU holds
+    assert "gpu fit:         no: " in capsys.readouterr().out

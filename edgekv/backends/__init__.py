@@ -21,7 +21,7 @@ import os
 import sys
 
 from ..errors import EdgeKVError
-from .base import Backend, LayerView
+from .base import Backend, DeviceMemory, LayerView
 
 BACKENDS = ("cpu", "cpu-portable", "cuda")
 _made: dict[str, Backend] = {}
@@ -154,5 +154,5 @@ def _make(name: str) -> Backend:
     return CPUBackend(name, use_int8dot=name == "cpu")
 
 
-__all__ = ["BACKENDS", "Backend", "LayerView", "available_backends", "cpu_instead", "get_backend", "offload_choice",
-           "resolve_backend_name"]
+__all__ = ["BACKENDS", "Backend", "DeviceMemory", "LayerView", "available_backends", "cpu_instead", "get_backend",
+           "offload_choice", "resolve_backend_name"]

@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from ..models.rope import RopeScaling
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """A backend's device and its memory (bytes), as `edgekv mem` reports it."""
+
+    name: str
+    integrated: bool  # shares the host's memory (Jetson): what is mapped is counted once, as the host's
+    free: int
+    total: int
+
+
 @dataclass
 class LayerView:
     """One layer of the KV cache as a backend sees it (cache.KVCache.layer_view).
@@ -122,10 +132,16 @@ class Backend(ABC):
         """An array a cache takes over (a state's copy), as ring_array would have placed it."""
         return a
 
-    def kv_memory_limit(self) -> int | None:
+    def kv_memory_limit(self, weights_to_come: int = 0) -> int | None:
         """Bytes a new KV cache may take beyond what host memory allows (the default budget
         of an n_ctx="auto" context), where the backend keeps the rings in memory of its own:
-        None here, where the host arrays are the rings."""
+        None here, where the host arrays are the rings. weights_to_come: bytes of weights
+        not yet loaded that will take the same memory (`edgekv mem` plans before loading)."""
+        return None
+
+    def device_memory(self) -> DeviceMemory | None:
+        """The memory of the device the backend computes on, where that is not the host's
+        alone (a GPU); None for the CPU backends."""
         return None
 
     def rings_to_host(self, cache) -> None:

@@ -35,7 +35,7 @@ from ..cuda.runtime import Buffer, Device
 from ..errors import EdgeKVError
 from ..quants import row_nbytes
 from . import cuda_launch as shape
-from .base import Backend, LayerView
+from .base import Backend, DeviceMemory, LayerView
 from .cpu import CPUBackend
 from .cuda_attention import RingAttention
 from .cuda_graphs import DecodeGraphs
@@ -190,12 +190,17 @@ class CUDABackend(Backend):
         out[...] = a
         return out
 
-    def kv_memory_limit(self) -> int | None:
-        """A discrete GPU: half its free memory (as the host budget takes half the host's),
-        since each K/V ring has a device copy; Jetson's rings are the host's memory."""
+    def kv_memory_limit(self, weights_to_come: int = 0) -> int | None:
+        """A discrete GPU: half its free memory once the weights are on it (as the host budget
+        takes half the host's), since each K/V ring has a device copy; Jetson's rings are the
+        host's memory."""
         if self.device.info.integrated:
             return None
-        return self.device.driver.memory_info()[0] // 2
+        return max(0, self.device.driver.memory_info()[0] - weights_to_come) // 2
+
+    def device_memory(self) -> DeviceMemory:
+        free, total = self.device.driver.memory_info()
+        return DeviceMemory(self.device.info.name, self.device.info.integrated, free, total)
 
     def rings_to_host(self, cache) -> None:
         self.rings.to_host(cache.k + cache.v)

@@ -1,8 +1,8 @@
 """`edgekv mem`: the memory plan of a model and context, without reading any weights.
 
 What lives here: the command's options (llama.cpp's -c, -ctk, -ctv, -b, plus -p/-n as
-token counts for the "auto" context, --layer-window and --mem-budget) and printing the
-report. What does not: the planning (context.py), the report's arithmetic (mem_report.py).
+token counts for the "auto" context, --layer-window, --mem-budget and --backend: on a
+discrete GPU the auto context also fits the GPU's memory) and printing the report. What does not: the planning (context.py), the report's arithmetic (mem_report.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import EdgeKVError
-from .common import ctx_size, non_negative_int, positive_int
+from .common import add_backend_option, ctx_size, non_negative_int, positive_int
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -34,34 +34,54 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--mem-budget", metavar="BYTES", default=None,
                    help="memory for the KV cache, e.g. 512M or 2G (default: half the available memory minus "
                         "the weights; available = the smallest of MemAvailable and the cgroup limit's headroom)")
+    add_backend_option(p)
     p.set_defaults(handler=mem)
 
 
 def mem(args: argparse.Namespace) -> int:
     from .. import context
+    from ..backends import get_backend
     from ..catalog import resolve_model
     from ..gguf import GGUFFile
     from ..mem_report import format_memory_report, memory_report
-    from ..memory import free_memory
 
     g = GGUFFile(resolve_model(args.model))
     hp = context.read_hparams(g)
     windows = None
     if args.layer_window:
         windows = context.parse_layer_windows(args.layer_window, hp.n_layers)
+    backend = get_backend(args.backend)  # the one loading would use: auto may take a GPU
+    device = backend.device_memory()
+    budget, source = _budget(args, context.weight_bytes(g), backend)
+    plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
+                                args.cache_type_v, mem_budget=budget, layer_windows=windows,
+                                n_batch=args.batch_size)
+    print(format_memory_report(memory_report(g, hp, plan, device)))
+    print(f"budget from:     {source}")
+    return 0
+
+
+def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None, str]:
+    """The KV budget an auto context gets, as loading computes it (api/context_growth.py),
+    and where it came from in words."""
+    from .. import context
+    from ..memory import free_memory
+
     if args.mem_budget is not None:
         budget = context.parse_size(args.mem_budget)
         if budget < 1:
             raise EdgeKVError(f"--mem-budget {args.mem_budget!r} is zero; give a positive size such as 512M")
-        source = "--mem-budget"
-    else:
-        free = free_memory()
-        budget = context.budget_from(None if free is None else free.bytes, context.weight_bytes(g))  # the figure printed
-        source = ("no budget: the free memory cannot be read here" if free is None else
-                  f"half of {free} minus the weights")
-    plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
-                                args.cache_type_v, mem_budget=budget, layer_windows=windows,
-                                n_batch=args.batch_size)
-    print(format_memory_report(memory_report(g, hp, plan)))
-    print(f"budget from:     {source}")
-    return 0
+        return budget, "--mem-budget"
+    free = free_memory()
+    budget = context.budget_from(None if free is None else free.bytes, weights)  # the figure printed
+    source = ("no budget: the free memory cannot be read here" if free is None else
+              f"half of {free} minus the weights")
+    device = backend.kv_memory_limit(weights)  # a discrete GPU holds the rings (and the weights) too
+    if device is None:
+        return budget, source
+    gpu = f"half the GPU's free memory once the weights are on it ({context.format_bytes(device)})"
+    if budget is None:
+        return device, gpu
+    if device < budget:
+        return device, gpu + f", less than {source}"
+    return budget, source + f", less than {gpu}"
