@@ -1,6 +1,6 @@
 // Writing K/V rows into the cache's ring in its type: f32, f16, bf16, or the 32-value
-// blocks q8_0, q4_0, q4_1, q5_0, q5_1, quantized exactly as ggml's quantize_row_*_ref (and
-// edgekv's CPU cache: kernels/quantize.py), so a ring is the same bytes on either device
+// blocks q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, quantized exactly as ggml's quantize_row_*_ref
+// (and edgekv's CPU cache: kernels/quantize.py), so a ring is the same bytes on either device
 // and state files move between them. Values beyond the type's finite range are saturated
 // to +-limit first (cache.py's numerical policy); NaN stays NaN.
 #pragma once
@@ -137,6 +137,48 @@ EK_HD void ek_quantize_q5_1(const float* x, ek_u8* dst) {  // 24 bytes
     ek_put_q5(x, lo, inv, 0.5f, dst + 4);
 }
 
+#define EK_IQ4_NL 20  // a cache format here: no weight kernel reads it
+
+// IQ4_NL's 16 non-linear levels (ggml's kvalues_iq4nl)
+EK_HD float ek_iq4nl_level(int i) {
+    const signed char levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return (float)levels[i];
+}
+
+// ggml's best_index_int8: the level nearest x, ties to the upper one
+EK_HD int ek_iq4nl_nearest(float x) {
+    if (x <= ek_iq4nl_level(0)) return 0;
+    if (x >= ek_iq4nl_level(15)) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < ek_iq4nl_level(mid)) hi = mid; else lo = mid;
+    }
+    return x - ek_iq4nl_level(hi - 1) < ek_iq4nl_level(hi) - x ? hi - 1 : hi;
+}
+
+// 18 bytes, x = d * level[q]: each value to the level nearest x / (max / -127), then d the
+// least-squares scale for those levels weighted by x^2, summed in order (ggml's
+// quantize_row_iq4_nl_ref without an importance matrix)
+EK_HD void ek_quantize_iq4_nl(const float* x, ek_u8* dst) {
+    const float mx = ek_signed_absmax(x);
+    float d = 0.0f;
+    for (int j = 0; j < 16; ++j) dst[2 + j] = 0;
+    if ((mx < 0 ? -mx : mx) >= 1e-15f) {
+        const float inv = 1.0f / (mx / -127.0f);
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            const int code = ek_iq4nl_nearest(EK_MUL(inv, x[j]));
+            const float q = ek_iq4nl_level(code), w = EK_MUL(x[j], x[j]);
+            sumqx = EK_ADD(sumqx, EK_MUL(EK_MUL(w, q), x[j]));
+            sumq2 = EK_ADD(sumq2, EK_MUL(EK_MUL(w, q), q));
+            dst[2 + (j & 15)] |= (ek_u8)(code << (j < 16 ? 0 : 4));
+        }
+        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+    }
+    ek_store2(dst, ek_float_to_half(d));
+}
+
 // bytes one 32-value block of a cache type takes (0: not a block type)
 EK_HD int ek_kv_block_bytes(int type) {
     switch (type) {
@@ -145,6 +187,7 @@ EK_HD int ek_kv_block_bytes(int type) {
         case EK_Q4_1: return 20;
         case EK_Q5_0: return 22;
         case EK_Q5_1: return 24;
+        case EK_IQ4_NL: return 18;
         default: return 0;
     }
 }
@@ -158,6 +201,7 @@ EK_HD void ek_kv_store_block(int type, const float* x, ek_u8* row, int b) {
         case EK_Q4_1: ek_quantize_q4_1(x, dst); break;
         case EK_Q5_0: ek_quantize_q5_0(x, dst); break;
         case EK_Q5_1: ek_quantize_q5_1(x, dst); break;
+        case EK_IQ4_NL: ek_quantize_iq4_nl(x, dst); break;
         default: break;
     }
 }
@@ -169,16 +213,6 @@ EK_HD void ek_kv_store_value(int type, float x, ek_u8* row, int i) {
     } else {
         ek_store2(row + 2 * i, type == EK_F16 ? ek_float_to_half(x) : ek_float_to_bf16(x));
     }
-}
-
-// element i of a cache row of any cache type, as float (attention reads rows in place)
-EK_HD float ek_kv_load(int type, const ek_u8* row, int i) {
-    if (type == EK_F32) return ((const float*)row)[i];
-    if (type == EK_F16) return ek_half_to_float(ek_load2(row + 2 * i));
-    if (type == EK_BF16) return ek_bf16_to_float(ek_load2(row + 2 * i));
-    ek_sub32 u;
-    ek_unpack(type, row, i / 32, &u);
-    return ek_sub32_value(&u, i % 32);
 }
 
 // element i of a cache row, decoded alone (attention reads each lane's own elements in place)
@@ -213,6 +247,11 @@ EK_HD float ek_kv_element(int type, const ek_u8* row, int i) {
             const int high = (ek_load4(blk + 4) >> j) & 1;
             const int q = (j < 16 ? blk[8 + j] & 15 : blk[8 + j - 16] >> 4) | (high << 4);
             return EK_ADD(EK_MUL(ek_half_to_float(ek_load2(blk)), (float)q), ek_half_to_float(ek_load2(blk + 2)));
+        }
+        case EK_IQ4_NL: {
+            const ek_u8* blk = row + 18 * b;
+            const int q = j < 16 ? blk[2 + j] & 15 : blk[2 + j - 16] >> 4;
+            return ek_half_to_float(ek_load2(blk)) * ek_iq4nl_level(q);
         }
         default: return 0.0f;
     }

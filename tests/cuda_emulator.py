@@ -8,8 +8,9 @@ kinds (driver.pack_args); every pointer argument inside memory the device can ad
 be a fault there); the grid and block each kernel's indexing needs (the comment atop each
 .cu file); host registrations that overlap a registered page (CUDA refuses them). What it
 cannot check: the kernels' own code, which tests/test_cuda_host.py builds for the CPU and
-tests/test_cuda_device.py runs on a GPU. Its arithmetic is gguf.quants' and float64 NumPy,
-independent of the code under test.
+tests/test_cuda_device.py runs on a GPU. Its arithmetic is gguf.quants', float64 NumPy and,
+for the IQ4_NL cache rows gguf.quants cannot write, tests/numpy_reference.py's: independent
+of the code under test.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from gguf import quants as gq
 from edgekv.cuda import programs
 from edgekv.cuda.driver import ERROR_OUT_OF_MEMORY, CudaError, DeviceInfo, pack_args
 from edgekv.cuda.runtime import Device
+from numpy_reference import quantize_iq4_nl
 
 PAGE = 4096
 Q8_1 = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
-KV_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+KV_BLOCK_TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL)
 
 
 class EmulatedDriver:
@@ -322,13 +324,20 @@ def rotate(L, x, h, r):
     v[:] = v.astype(np.float64) @ mem(h, r * r).reshape(r, r)
 
 
+def kv_rows(x: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Cache rows [..., hd] in ggml_type, as bytes."""
+    if ggml_type == T.IQ4_NL:
+        return quantize_iq4_nl(x.reshape(-1, x.shape[-1]).astype(np.float32))
+    return gq.quantize(x, T(ggml_type)).view(np.uint8)
+
+
 def kv_write(L, src, slots, ring, ggml_type, limit, n_tok, n_kv, hd, cap, row_bytes):
     per_row = hd // 32 if ggml_type in KV_BLOCK_TYPES else hd
     L.need(L.grid[0] * L.block[0] >= n_tok * n_kv * per_row, "a thread per block (or value)")
     x = np.clip(mem(src, n_tok * n_kv * hd).reshape(n_tok, n_kv, hd), -limit, limit)
     rows = mem(ring, n_kv * cap * row_bytes, np.uint8).reshape(n_kv, cap, row_bytes)
     for t, slot in enumerate(mem(slots, n_tok, np.int32)):
-        rows[:, slot] = gq.quantize(x[t], T(ggml_type)).view(np.uint8).reshape(n_kv, row_bytes)
+        rows[:, slot] = kv_rows(x[t], ggml_type).reshape(n_kv, row_bytes)
 
 
 def _scores(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
@@ -407,7 +416,7 @@ def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap,
         if rot is not None:
             x = (x.reshape(-1, r) @ rot).reshape(n_kv, hd)
         x = np.clip(x, -limit, limit).astype(np.float32)
-        rows[:, slot] = gq.quantize(x, T(ggml_type)).view(np.uint8).reshape(n_kv, row_bytes)
+        rows[:, slot] = kv_rows(x, ggml_type).reshape(n_kv, row_bytes)
 
 
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,

@@ -25,7 +25,7 @@ from numpy_reference import ReferenceModel, ReferenceSession
 from test_batch_decode import _solo
 
 rng = np.random.default_rng(12)
-BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2}  # gemma3, see below
+BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2, "iq4_nl": 8e-2}  # gemma3, below
 WIDE = dict(dim=256, ff=512, n_heads=4, n_kv_heads=2, head_dim=64)  # K-quants stay K-quants; 64-wide heads rotate
 
 
@@ -68,7 +68,7 @@ def test_every_weight_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_
     assert gpu_err < (1e-4 if weight_type in ("F16", "BF16") else max(2 * cpu_err, 1e-3)), (gpu_err, cpu_err)
 
 
-@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_every_cache_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_model, arch, cache_type):
     path = tiny_model(arch, **WIDE)
@@ -544,3 +544,12 @@ def test_edgekv_mem_plans_the_context_loading_on_the_gpu_gets_and_says_what_the_
     assert llm._ctx._cap == n_ctx  # loading's plan: the one mem printed
     assert main(["mem", "-m", path, "-c", str(2 * n_ctx), "--backend", "cuda"]) == 0  # more than the GPU holds
     assert "gpu fit:         no: " in capsys.readouterr().out
+
+
+def test_a_cache_type_the_kernels_lack_is_an_error_not_an_empty_ring(tiny_model, monkeypatch):
+    from edgekv.backends import cuda_attention
+
+    monkeypatch.setattr(cuda_attention, "CACHE_TYPES", cuda_attention.CACHE_TYPES - {20})  # as if IQ4_NL were new
+    s = cuda_model(tiny_model("llama", **WIDE)).session(n_ctx=32, n_batch=8, cache_type_k="iq4_nl")
+    with pytest.raises(EdgeKVError, match="cache type iq4_nl is not on the CUDA backend"):
+        s.eval([1, 2, 3])

@@ -14,9 +14,9 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
-from test_cuda_host import CACHE_TYPES, QUANTIZED, _reference_attention, _weights
+from test_cuda_host import CACHE_TYPES, FLOAT_CACHE_TYPES, QUANTIZED, _reference_attention, _weights, cache_rows
 
 ROWS_PER_BLOCK = 4  # matvec.cu's EK_ROWS_PER_BLOCK
 
@@ -41,7 +41,7 @@ def dev(request):
 
 def _stored(x, t) -> np.ndarray:
     """x in GGUF type t as the bytes its rows hold (gguf.quants gives F16 as float16 values)."""
-    return np.ascontiguousarray(quantize(x, t)).view(np.uint8)
+    return np.ascontiguousarray(cache_rows(x, t)).view(np.uint8)
 
 
 def _f32(dev, a):
@@ -196,7 +196,8 @@ def test_kv_rows_written_on_the_device_are_gguf_quants_bytes(dev, name):
         assert np.array_equal(got[:, slot], want.reshape(n_kv, row_bytes)), (name, slot)
 
 
-@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q5_1", "bf16")])
+@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q5_1", "bf16"),
+                                            ("iq4_nl", "iq4_nl")])
 def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
     rng = np.random.default_rng(7)
     n_heads, n_kv, hd, cap, n_tok = 9, 3, 64, 40, 2
@@ -251,13 +252,13 @@ def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):
     assert np.array_equal(dev.download(out, np.zeros((1, 64), np.float32)), uploaded)
 
 
-@pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0", "iq4_nl"])
 def test_a_context_shift_re_rotates_keys_on_the_device(dev, name):
     from edgekv.row_transforms import rotation_for
 
     rng = np.random.default_rng(13)
     n_kv, hd, cap, t = 2, 64, 8, CACHE_TYPES[name]
-    h = rotation_for(name.startswith("q"), hd, largest=True)
+    h = rotation_for(name not in FLOAT_CACHE_TYPES, hd, largest=True)
     x = rng.standard_normal((n_kv, cap, hd)).astype(np.float32)
     ring = _stored((x @ h if h is not None else x).astype(np.float32), t)
     slots = np.array([1, 4, 6], np.int32)
@@ -275,7 +276,7 @@ def test_a_context_shift_re_rotates_keys_on_the_device(dev, name):
         v[:, a], v[:, b] = (v[:, a] * np.cos(ang[j]) - v[:, b] * np.sin(ang[j]),
                             v[:, a] * np.sin(ang[j]) + v[:, b] * np.cos(ang[j]))
         want = v @ h if h is not None else v
-        levels = {"f16": 500, "q8_0": 127, "q4_0": 8}[name]  # one step of the type, at the row's scale
+        levels = {"f16": 500, "q8_0": 127, "q4_0": 8, "iq4_nl": 127 / 24 / 1.1}[name]  # a step of the type
         step = 1.01 * np.abs(want).max() / levels
         assert np.abs(got[:, slot] - want).max() <= step, (name, slot)
     untouched = np.setdiff1d(np.arange(cap), slots)

@@ -179,7 +179,18 @@ def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
 
 
 CACHE_TYPES = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
-               "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+               "q5_0": T.Q5_0, "q5_1": T.Q5_1, "iq4_nl": T.IQ4_NL}
+FLOAT_CACHE_TYPES = ("f32", "f16", "bf16")  # the others are blocks, stored Hadamard-rotated
+
+
+def cache_rows(x: np.ndarray, t) -> np.ndarray:
+    """x [..., n] in cache type t as gguf.quants writes it (IQ4_NL, which it cannot write:
+    numpy_reference.quantize_iq4_nl, ggml's reference quantizer in NumPy)."""
+    if t == T.IQ4_NL:
+        from numpy_reference import quantize_iq4_nl
+
+        return quantize_iq4_nl(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+    return quantize(x, t)
 
 
 def _row_bytes(t, n: int) -> int:
@@ -219,7 +230,7 @@ def test_kv_rows_are_written_as_gguf_quants_writes_them_and_read_back_in_place(h
     rows = _kv_rows(host, name, x)
     t = CACHE_TYPES[name]
     want = {"f32": lambda: x.view(np.uint8), "f16": lambda: x.astype(np.float16).view(np.uint8),
-            "bf16": lambda: quantize(x, T.BF16)}.get(name, lambda: quantize(x, t))()
+            "bf16": lambda: quantize(x, T.BF16)}.get(name, lambda: cache_rows(x, t))()
     assert np.array_equal(rows, want.reshape(rows.shape)), name
     values = dequantize(rows, t)
     got = np.array([[host.lib.ek_host_kv_element(int(t), host.ffi.from_buffer(rows[r]), i) for i in range(128)]
@@ -241,7 +252,7 @@ def _reference_attention(q, k, v, slot_pos, qp, window, scale):
 
 
 @pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16"), ("q4_1", "q5_0"),
-                                            ("q5_1", "bf16"), ("f32", "q4_0")])
+                                            ("q5_1", "bf16"), ("f32", "q4_0"), ("iq4_nl", "iq4_nl")])
 @pytest.mark.parametrize("window", [0, 5])
 def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
     # a wrapped ring: positions out of storage order, empty slots, a slot beyond the query
@@ -298,7 +309,7 @@ def test_attention_split_over_slot_ranges_and_merged_matches_float64(host, type_
     assert np.allclose(out, whole, rtol=1e-5, atol=1e-6)  # as the one-warp pass
 
 
-@pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1"])
+@pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1", "iq4_nl"])
 @pytest.mark.parametrize("mode", [0, 2])
 def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
     # the row as the CPU cache stores it (a quantized type Hadamard-rotated), shifted by a
@@ -307,7 +318,7 @@ def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
 
     rng = np.random.default_rng(12)
     hd, t = 64, CACHE_TYPES[name]
-    h = rotation_for(name.startswith("q"), hd, largest=True)
+    h = rotation_for(name not in FLOAT_CACHE_TYPES, hd, largest=True)
     x = rng.standard_normal((1, hd)).astype(np.float32)
     stored = x @ h if h is not None else x
     row = _kv_rows(host, name, stored.astype(np.float32))[0]
@@ -326,7 +337,9 @@ def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
     want = v @ h if h is not None else v
     step = {"f32": 1e-5, "f16": 2e-3}.get(name, None)
     if step is None:  # a quantized row may land one level away: the largest block scale
-        step = 1.01 * np.abs(want).max() / {"q8_0": 127, "q4_0": 8, "q5_1": 15.5}[name]
+        # (iq4_nl: the widest gap between its levels is 24 of 127, and its least-squares d
+        # may exceed max / 127 a little)
+        step = 1.01 * np.abs(want).max() / {"q8_0": 127, "q4_0": 8, "q5_1": 15.5, "iq4_nl": 127 / 24 / 1.1}[name]
         assert np.abs(got - want).max() <= step, (name, mode, np.abs(got - want).max())
     else:
         assert np.allclose(got, want, rtol=step, atol=step), (name, mode)

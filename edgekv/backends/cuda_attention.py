@@ -25,6 +25,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from ..cuda.arrays import DeviceArray
 from ..cuda.runtime import Buffer
@@ -36,7 +37,8 @@ from .base import LayerView
 if TYPE_CHECKING:
     from .cuda import CUDABackend
 
-QUANTIZED_BLOCK_BYTES = {8: 34, 2: 18, 3: 20, 6: 22, 7: 24}  # cache types stored in 32-value blocks
+QUANTIZED_BLOCK_BYTES = {8: 34, 2: 18, 3: 20, 6: 22, 7: 24, 20: 18}  # cache types stored in 32-value blocks
+CACHE_TYPES = {int(T.F32), int(T.F16), int(T.BF16), *QUANTIZED_BLOCK_BYTES}  # what native/ek_kv.cuh reads and writes
 
 
 class RingAttention:
@@ -102,6 +104,10 @@ class RingAttention:
         if layer.key_scale is not None or layer.sink_k is not None:
             raise EdgeKVError("a calibrated K cache type (iq4_cal) is not on the CUDA backend yet: "
                               "use another cache type, or --backend cpu")
+        for t in (layer.type_k, layer.type_v):
+            if t not in CACHE_TYPES:  # the kernels would read and write nothing: never silently
+                raise EdgeKVError(f"cache type {T(t).name.lower()} is not on the CUDA backend: use another cache "
+                                  "type, or --backend cpu")
         if layer.attn_mass is not None:
             raise EdgeKVError("the `keep` overflow policy is not on the CUDA backend yet: "
                               "use --context-shift shift or stream, or --backend cpu")
