@@ -103,7 +103,7 @@ class KVCache:
         self.rot_k = [rotation_for(kind.quant.block_size > 1, head_dim_k, largest=True) for kind in self.kinds_k]
         self.rot_v = [rotation_for(kind.quant.block_size > 1, head_dim_v, largest=False) for kind in self.kinds_v]
         # the attention each slot of the full-context layers has received (the `keep` policy's)
-        self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity) if track_attention else None
+        self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity, ring) if track_attention else None
         # a full-context layer (all of them hold a position in the same slot), which the tallies index
         self.tally_layer = next((i for i, w in enumerate(self.windows) if w == 0), None)
 

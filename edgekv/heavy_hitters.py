@@ -48,8 +48,11 @@ class AttentionTallies:
     f32[capacity], from how many queries. A chunk that fails after attending leaves its
     weights in `mass` (noise in a heuristic; the cache and the tokens stay exact)."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, capacity: int):
-        self.mass = np.zeros((n_layers, n_kv_heads, capacity), np.float32)
+    def __init__(self, n_layers: int, n_kv_heads: int, capacity: int, alloc=None):
+        """alloc(shape, dtype, fill): where `mass` lives (the backend's ring_array: memory
+        its kernels can add to; default NumPy's)."""
+        shape = (n_layers, n_kv_heads, capacity)
+        self.mass = np.zeros(shape, np.float32) if alloc is None else alloc(shape, np.float32, 0)
         self.seen = np.zeros(capacity, np.float32)
 
     def clear(self, slots: np.ndarray) -> None:

@@ -8,13 +8,6 @@
 // the ring fills (the host writes the count into the step's inputs).
 #include "ek_attention.cuh"
 
-struct ek_warp {
-    static constexpr int lanes = EK_WARP;
-    __device__ int lane() const { return threadIdx.x % EK_WARP; }
-    __device__ float sum(float v) const { return ek_warp_sum(v); }
-    __device__ float exp(float x) const { return expf(x); }
-};
-
 extern "C" __global__ void ek_attention(const float* __restrict__ q, const int* __restrict__ q_pos,
                                         const ek_u8* __restrict__ k, const ek_u8* __restrict__ v,
                                         const int* __restrict__ slot_pos, const int* __restrict__ n_slots, int window,

@@ -18,6 +18,16 @@
 
 #define EK_MAX_HEAD_DIM 256
 
+#ifdef __CUDACC__
+// the lanes of a warp (each owning the dims lane, lane + 32, ...)
+struct ek_warp {
+    static constexpr int lanes = EK_WARP;
+    __device__ int lane() const { return threadIdx.x % EK_WARP; }
+    __device__ float sum(float v) const { return ek_warp_sum(v); }
+    __device__ float exp(float x) const { return expf(x); }
+};
+#endif
+
 EK_HD bool ek_visible(int p, int qp, int window) { return p >= 0 && p <= qp && (window == 0 || qp - p < window); }
 
 struct ek_attend_args {
@@ -30,6 +40,19 @@ struct ek_attend_args {
     float* out;             // [hd_v]
 };
 
+// the score of slot s (visible or not): q . K[s] * scale, q this lane's dims of the query
+template <class W>
+EK_HD float ek_score(const W& w, const ek_attend_args& a, const float* q, int s) {
+    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
+    const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
+    float part = 0.0f;
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
+    }
+    return w.sum(part) * a.scale;
+}
+
 // the online softmax over slots [s0, s1): the running maximum m, sum l and this lane's
 // dims of the weighted sum of V (acc), updated in place
 template <class W>
@@ -38,13 +61,7 @@ EK_HD void ek_attend_range(const W& w, const ek_attend_args& a, int s0, int s1, 
     constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
     for (int s = s0; s < s1; ++s) {
         if (!ek_visible(a.slot_pos[s], a.qp, a.window)) continue;
-        const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
-        float part = 0.0f;
-        for (int i = 0; i < per_lane; ++i) {
-            const int d = w.lane() + i * W::lanes;
-            if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
-        }
-        const float score = w.sum(part) * a.scale;
+        const float score = ek_score(w, a, q, s);
         const float m_new = score > m ? score : m;
         const float corr = w.exp(m - m_new), p = w.exp(score - m_new);
         l = l * corr + p;
@@ -116,4 +133,72 @@ EK_HD void ek_attend_merge(const W& w, const float* parts, int n_parts, int hd_v
         }
         out[d] = sum * inv;
     }
+}
+
+// The `keep` policy's tallies (edgekv/heavy_hitters.py): each slot's softmax weight, summed
+// over the queries and the query heads of its KV head. Two passes, since a weight needs its
+// row's whole sum: ek_attend_stats writes each (query, head)'s {m, l} over the visible
+// slots, then ek_tally_slot sums exp(score - m) / l for one slot, its K row read once.
+
+// {m, l} of one query head over slots [0, n_slots): the largest score and sum of exp(score - m)
+template <class W>
+EK_HD void ek_attend_stats(const W& w, const ek_attend_args& a, float* ml) {
+    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
+    float q[per_lane];
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        q[i] = d < a.hd_k ? a.q[d] : 0.0f;
+    }
+    float m = EK_NO_SCORE, l = 0.0f;
+    for (int s = 0; s < a.n_slots; ++s) {
+        if (!ek_visible(a.slot_pos[s], a.qp, a.window)) continue;
+        const float score = ek_score(w, a, q, s);
+        const float m_new = score > m ? score : m;
+        l = l * w.exp(m - m_new) + w.exp(score - m_new);
+        m = m_new;
+    }
+    if (w.lane() == 0) {
+        ml[0] = m;
+        ml[1] = l;
+    }
+}
+
+struct ek_tally_args {
+    const float* q;         // [n_tok, n_heads, hd_k]
+    const int* q_pos;       // [n_tok]
+    const ek_u8* k;         // [cap, row_bytes_k]: the KV head's K rows
+    const int* slot_pos;    // [cap]
+    const float* stats;     // [n_tok, n_heads, 2]: ek_attend_stats' {m, l}
+    int n_tok, n_heads, group, kv, window, type_k, hd_k, row_bytes_k;
+    float scale;
+};
+
+// slot s's softmax weight summed over the queries that see it and KV head kv's query heads
+template <class W>
+EK_HD float ek_tally_slot(const W& w, const ek_tally_args& t, int s) {
+    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
+    const int p = t.slot_pos[s];
+    if (p < 0) return 0.0f;
+    float key[per_lane];
+    const ek_u8* k_row = t.k + (ek_u64)s * t.row_bytes_k;
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        key[i] = d < t.hd_k ? ek_kv_element(t.type_k, k_row, d) : 0.0f;
+    }
+    float sum = 0.0f;
+    for (int tok = 0; tok < t.n_tok; ++tok) {
+        if (!ek_visible(p, t.q_pos[tok], t.window)) continue;
+        for (int g = 0; g < t.group; ++g) {
+            const ek_u64 head = (ek_u64)tok * t.n_heads + t.kv * t.group + g;
+            const float* q = t.q + head * t.hd_k;
+            float part = 0.0f;
+            for (int i = 0; i < per_lane; ++i) {
+                const int d = w.lane() + i * W::lanes;
+                if (d < t.hd_k) part += q[d] * key[i];
+            }
+            const float score = w.sum(part) * t.scale, m = t.stats[2 * head], l = t.stats[2 * head + 1];
+            if (l > 0.0f) sum += w.exp(score - m) / l;
+        }
+    }
+    return sum;
 }

@@ -341,11 +341,13 @@ def kv_write(L, src, slots, ring, ggml_type, limit, n_tok, n_kv, hd, cap, row_by
 
 
 def _scores(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
-            cap, row_bytes_k, row_bytes_v):
+            cap, row_bytes_k, row_bytes_v, n_tok=None):
     """Per query token: which of the *n_slots written slots it sees, and each head's scores
-    and values over them, in float64 (the ring read as the kernels read it)."""
-    n_tok = L.grid[1]
-    L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
+    and values over them, in float64 (the ring read as the kernels read it). n_tok: the
+    grid's second dimension unless given (a kernel whose grid is by slot)."""
+    if n_tok is None:
+        n_tok = L.grid[1]
+        L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
     queries = mem(q, n_tok * n_heads * hd_k).reshape(n_tok, n_heads, hd_k).astype(np.float64)
     n_slots = int(mem(n_slots, 1, np.int32)[0])
     pos = mem(slot_pos, cap, np.int32)[:n_slots]
@@ -390,6 +392,33 @@ def attention_split(L, *args):
                 records[t, h, z, 0], records[t, h, z, 1], records[t, h, z, 2:] = m, p.sum(), p @ values
 
 
+def attention_stats(L, *args):
+    stats, n_heads = args[-1], args[10]
+    result = mem(stats, L.grid[1] * n_heads * 2).reshape(L.grid[1], n_heads, 2)
+    for t, visible, heads in _scores(L, *args[:-1]):
+        for h, (scores, _) in enumerate(heads):
+            if not visible.any():
+                result[t, h] = [NO_SCORE, 0]
+                continue
+            m = scores[visible].max()
+            result[t, h] = [m, np.exp(scores[visible] - m).sum()]
+
+
+def attention_tally(L, *args):
+    *ring, stats, mass, n_tok = args
+    n_heads, n_kv, cap = ring[10], ring[11], ring[14]
+    L.need(L.grid[1] == n_kv and L.block[0] % 32 == 0 and L.grid[0] * (L.block[0] // 32) >= cap,
+           "a warp per (slot, KV head)")
+    ml = mem(stats, n_tok * n_heads * 2).reshape(n_tok, n_heads, 2).astype(np.float64)
+    tallies = mem(mass, n_kv * cap).reshape(n_kv, cap)
+    group = n_heads // n_kv
+    for t, visible, heads in _scores(L, *ring, n_tok=n_tok):
+        for h, (scores, _) in enumerate(heads):
+            if ml[t, h, 1] > 0:
+                n = visible.size
+                tallies[h // group, :n] += np.where(visible, np.exp(scores - ml[t, h, 0]) / ml[t, h, 1], 0)
+
+
 def attention_merge(L, parts, n_splits, n_heads, hd_v, out):
     n_tok = L.grid[1]
     L.need(L.grid[0] == n_heads and L.block[0] == 32, "a warp per (head, token)")
@@ -421,4 +450,4 @@ def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap,
 
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
                                    gelu_mul, add, scale, softcap, softmax_rows, add_bias, rotate, kv_write, attention,
-                                   attention_split, attention_merge, kv_shift)}
+                                   attention_split, attention_merge, attention_stats, attention_tally, kv_shift)}

@@ -255,11 +255,37 @@ def test_a_state_restored_into_the_cache_is_attended_on_the_device(tiny_model):
     np.testing.assert_array_equal(s.logits, want)
 
 
+@pytest.mark.parametrize("arch, integrated", [("llama", True), ("llama", False), ("gemma3", False)])
+def test_keep_tallies_and_evicts_as_the_cpu_backend_does(tiny_model, arch, integrated):
+    # `keep` (heavy_hitters.py): the tallies in mapped memory, added to by ek_attention_tally
+    # after each full-context layer (gemma3's sliding-window layers do not vote), in chunks,
+    # in captured and replayed decode steps, and through evictions that move the slots
+    path = tiny_model(arch, **WIDE, n_ctx=1024)
+    tokens = [int(t) for t in rng.integers(1, 200, 44)]
+
+    def run(model):
+        s = model.session(n_ctx=32, n_batch=8, context_shift="keep", n_keep=4, cache_type_k="f32",
+                          cache_type_v="f32")
+        s.eval(tokens[:20])
+        tallies, logits = [s.cache.attention_by_position()[0].copy()], [s.logits.copy()]
+        for t in tokens[20:]:
+            s.eval([t])
+            logits.append(s.logits.copy())
+        tallies.append(s.cache.attention_by_position()[0].copy())
+        return s, tallies, np.array(logits)
+
+    gpu, gpu_tallies, gpu_logits = run(cuda_model(path, integrated))
+    cpu, cpu_tallies, cpu_logits = run(load(path, backend="cpu"))
+    assert gpu.n_tokens == cpu.n_tokens <= 32 < len(tokens)  # the context filled and `keep` evicted
+    assert gpu.tokens == cpu.tokens  # the same tokens evicted
+    tol = 2e-3 if arch == "gemma3" else 1e-4  # gemma3: the GPU's GELU is tanhf, not ggml's f16 table
+    for got, want in zip(gpu_tallies, cpu_tallies):
+        assert want.max() > 1 and relative_error(got, want) < tol
+    assert relative_error(gpu_logits, cpu_logits) < tol
+
+
 def test_what_the_gpu_does_not_do_yet_is_a_clear_error(tiny_model):
     model = cuda_model(tiny_model("llama", **WIDE))
-    s = model.session(n_ctx=16, context_shift="keep", n_keep=2)
-    with pytest.raises(EdgeKVError, match="`keep` overflow policy is not on the CUDA backend yet"):
-        s.eval([1, 2, 3])
     with pytest.raises(EdgeKVError, match="calibrated K type is not on the CUDA backend yet"):
         model.session(n_ctx=16, cache_type_k="iq4_cal")
     s = model.session(n_ctx=16)  # the model stays usable

@@ -228,6 +228,41 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
                 assert np.allclose(got[t, h], want, rtol=1e-4, atol=1e-5), (t, h, window, split)
 
 
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
+def test_keep_tallies_add_each_slots_softmax_weight_into_mapped_memory(dev, type_k):
+    from edgekv.cuda.arrays import page_aligned
+
+    rng = np.random.default_rng(17)
+    n_heads, n_kv, hd, cap, n_tok, n_slots, window = 6, 2, 64, 45, 3, 41, 20
+    tk = CACHE_TYPES[type_k]
+    k = _stored(rng.standard_normal((n_kv, cap, hd)).astype(np.float32), tk)
+    slot_pos = rng.permutation(cap).astype(np.int32)
+    slot_pos[[3, 30]] = -1
+    q_pos = np.array([30, 38, 44], np.int32)
+    q = (2 * rng.standard_normal((n_tok, n_heads, hd))).astype(np.float32)
+    mass = page_aligned((n_kv, cap), np.float32)  # the tallies: host memory the GPU adds to
+    mass[...] = rng.uniform(0, 1, mass.shape)
+    before = mass.copy()
+    ring = (_f32(dev, q), dev.upload(q_pos), dev.upload(k), dev.upload(k), dev.upload(slot_pos),
+            dev.upload(np.array([n_slots], np.int32)), window, 0.125, int(tk), int(tk), n_heads, n_kv, hd, hd, cap,
+            k.shape[-1], k.shape[-1])
+    stats = dev.alloc(n_tok * n_heads * 2 * 4)
+    dev.launch("ek_attention_stats", (n_heads, n_tok), (32,), *ring, stats)
+    dev.launch("ek_attention_tally", ((cap + 3) // 4, n_kv), (128,), *ring, stats, dev.map(mass, read_only=False),
+               n_tok)
+    dev.synchronize()
+    kd = dequantize(k, tk).astype(np.float64)
+    want = before.astype(np.float64)
+    pos = slot_pos[:n_slots]
+    for t in range(n_tok):
+        visible = (pos >= 0) & (pos <= q_pos[t]) & (q_pos[t] - pos < window)
+        for h in range(n_heads):
+            scores = kd[h // 3, :n_slots] @ q[t, h] * 0.125
+            p = np.where(visible, np.exp(scores - scores[visible].max()), 0)
+            want[h // 3, :n_slots] += p / p.sum()
+    assert np.allclose(mass, want, rtol=1e-4, atol=1e-6), np.abs(mass - want).max()
+
+
 def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):
     from edgekv.cuda.arrays import page_aligned
 

@@ -46,6 +46,9 @@ def host(tmp_path_factory):
                                   int n_splits, float *parts, float *out);
         void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
                                const float *sin_t, const float *h, int r, float limit);
+        void ek_host_tally(const float *q, const int *q_pos, const unsigned char *k, const int *slot_pos,
+                           int n_slots, int window, int type_k, int n_tok, int n_heads, int n_kv, int hd_k, int cap,
+                           int row_bytes_k, float scale, float *stats, float *mass);
     """)
     ffi.set_source("_ek_native_host", """
         #include <cmath>
@@ -95,6 +98,24 @@ def host(tmp_path_factory):
                                const float *sin_t, const float *h, int r, float limit) {
             ek_shift_args a = {type, hd, hd / 2, mode, r, limit, cos_t, sin_t, h};
             ek_shift_row(row, a);
+        }
+        void ek_host_tally(const float *q, const int *q_pos, const unsigned char *k, const int *slot_pos,
+                           int n_slots, int window, int type_k, int n_tok, int n_heads, int n_kv, int hd_k, int cap,
+                           int row_bytes_k, float scale, float *stats, float *mass) {
+            const int group = n_heads / n_kv;  // as ek_attention_stats' blocks, then ek_attention_tally's warps
+            for (int t = 0; t < n_tok; ++t)
+                for (int h = 0; h < n_heads; ++h) {
+                    ek_attend_args a = {q + (t * n_heads + h) * hd_k, k + (h / group) * cap * row_bytes_k, k,
+                                        slot_pos, n_slots, q_pos[t], window, type_k, type_k, hd_k, hd_k,
+                                        row_bytes_k, row_bytes_k, scale, nullptr};
+                    ek_attend_stats(ek_one_lane(), a, stats + (t * n_heads + h) * 2);
+                }
+            for (int kv = 0; kv < n_kv; ++kv)
+                for (int s = 0; s < n_slots; ++s) {
+                    ek_tally_args a = {q, q_pos, k + kv * cap * row_bytes_k, slot_pos, stats, n_tok, n_heads, group,
+                                       kv, window, type_k, hd_k, row_bytes_k, scale};
+                    mass[kv * cap + s] += ek_tally_slot(ek_one_lane(), a, s);
+                }
         }
         int ek_host_unpack(int type, const unsigned char *row, int s, float *values) {
             ek_sub32 u;
@@ -307,6 +328,38 @@ def test_attention_split_over_slot_ranges_and_merged_matches_float64(host, type_
     want = _reference_attention(q, k[:n_slots], v[:n_slots], slot_pos[:n_slots], qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
     assert np.allclose(out, whole, rtol=1e-5, atol=1e-6)  # as the one-warp pass
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0", "iq4_nl"])
+@pytest.mark.parametrize("window", [0, 6])
+def test_keep_tallies_are_each_slots_softmax_weight_summed_over_queries_and_heads(host, type_k, window):
+    # heavy_hitters.py's tallies: per KV head and slot, the softmax weight it gets from every
+    # query that sees it and every query head of its group, added to what the slot had
+    rng = np.random.default_rng(21)
+    n_tok, n_heads, n_kv, hd, cap, n_slots = 3, 6, 2, 64, 20, 17
+    slot_pos = rng.permutation(np.arange(cap, dtype=np.int32) + 2).astype(np.int32)
+    slot_pos[[4, 9]] = -1
+    q_pos = np.array([slot_pos[:n_slots].max() - 5, slot_pos[:n_slots].max() - 1, slot_pos[:n_slots].max()], np.int32)
+    q = (2 * rng.standard_normal((n_tok, n_heads, hd))).astype(np.float32)
+    k_rows = _kv_rows(host, type_k, rng.standard_normal((n_kv * cap, hd)).astype(np.float32))
+    keys = dequantize(k_rows, CACHE_TYPES[type_k]).reshape(n_kv, cap, hd).astype(np.float64)
+    before = rng.uniform(0, 1, (n_kv, cap)).astype(np.float32)
+    mass, stats = before.copy(), np.zeros((n_tok, n_heads, 2), np.float32)
+    ffi = host.ffi
+    host.lib.ek_host_tally(ffi.from_buffer("float[]", q), ffi.from_buffer("int[]", q_pos), ffi.from_buffer(k_rows),
+                           ffi.from_buffer("int[]", slot_pos), n_slots, window, int(CACHE_TYPES[type_k]), n_tok,
+                           n_heads, n_kv, hd, cap, k_rows.shape[1], 0.125, ffi.from_buffer("float[]", stats),
+                           ffi.from_buffer("float[]", mass))
+    want = before.astype(np.float64)
+    pos = slot_pos[:n_slots]
+    for t in range(n_tok):
+        visible = (pos >= 0) & (pos <= q_pos[t]) & ((window == 0) | (q_pos[t] - pos < window))
+        for h in range(n_heads):
+            scores = keys[h // (n_heads // n_kv), :n_slots] @ q[t, h].astype(np.float64) * 0.125
+            p = np.where(visible, np.exp(scores - scores[visible].max()), 0)
+            want[h // (n_heads // n_kv), :n_slots] += p / p.sum()
+    assert np.allclose(mass, want, rtol=1e-5, atol=1e-6), np.abs(mass - want).max()
+    assert (mass[:, n_slots:] == before[:, n_slots:]).all()  # slots never written: untouched
 
 
 @pytest.mark.parametrize("name", ["f32", "f16", "q8_0", "q4_0", "q5_1", "iq4_nl"])

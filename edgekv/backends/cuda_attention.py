@@ -15,8 +15,12 @@ what each query sees, as on the CPU. A quantized cache stores K and V
 Hadamard-rotated (row_transforms.py): queries and keys are rotated on the way in and the
 output on the way out (ek_rotate), as CPUBackend.attend does.
 
-Not on the GPU yet, each a clear error: a calibrated K type (its key map and f32 sink rows)
-and the `keep` overflow policy (its attention tallies).
+The `keep` policy's tallies (heavy_hitters.AttentionTallies, page-aligned host memory the
+GPU maps, as the slot positions): after a full-context layer's attention, each (query,
+head)'s softmax {m, l} (ek_attention_stats), then each slot's weight summed over the queries
+and its KV head's query heads, added by the one warp that owns the slot (ek_attention_tally).
+
+Not on the GPU yet, a clear error: a calibrated K type (its key map and f32 sink rows).
 """
 
 from __future__ import annotations
@@ -108,9 +112,6 @@ class RingAttention:
             if t not in CACHE_TYPES:  # the kernels would read and write nothing: never silently
                 raise EdgeKVError(f"cache type {T(t).name.lower()} is not on the CUDA backend: use another cache "
                                   "type, or --backend cpu")
-        if layer.attn_mass is not None:
-            raise EdgeKVError("the `keep` overflow policy is not on the CUDA backend yet: "
-                              "use --context-shift shift or stream, or --backend cpu")
         be = self.backend
         n, n_heads, hd_k = q.shape
         n_kv, hd_v = k.shape[1], v.shape[2]
@@ -138,6 +139,11 @@ class RingAttention:
             parts = be.staging("attention_parts", n * n_heads * n_splits * (2 + hd_v) * 4)
             be.launch("ek_attention_split", shape.attention_split(n_heads, n, n_splits), *ring, chunk, parts)
             be.launch("ek_attention_merge", shape.attention(n_heads, n), parts, n_splits, n_heads, hd_v, out)
+        if layer.attn_mass is not None:  # `keep`: each slot's softmax weight, into the tallies in mapped memory
+            stats = be.staging("attention_stats", n * n_heads * 2 * 4)
+            be.launch("ek_attention_stats", shape.attention(n_heads, n), *ring, stats)
+            be.launch("ek_attention_tally", shape.attention_tally(cap, n_kv), *ring, stats,
+                      self.pointer(layer.attn_mass), n)
         self.rotate(out, layer.rot_v)
 
     def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:

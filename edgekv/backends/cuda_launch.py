@@ -89,6 +89,14 @@ def attention_split(n_heads: int, n_tok: int, n_splits: int) -> Launch:
     return Launch((n_heads, n_tok, n_splits), (WARP,))
 
 
+TALLY_WARPS = 4  # slots per block of ek_attention_tally (a warp each)
+
+
+def attention_tally(cap: int, n_kv: int) -> Launch:
+    """One warp per (slot, KV head) of a ring of cap slots."""
+    return Launch((-(-cap // TALLY_WARPS), n_kv), (TALLY_WARPS * WARP,))
+
+
 def rotate(n_values: int, r: int) -> Launch:
     """One block of r threads per run of r values."""
     if r > MAX_ROTATION or n_values % r:

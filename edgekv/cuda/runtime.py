@@ -214,8 +214,10 @@ class Device:
 
 def _region(array: np.ndarray) -> tuple[int, int, object]:
     """(start, nbytes, owner) of the whole pages to register for array: its file mapping's,
-    when it is a view of one (GGUF tensors), else its own, which must start on a page; owner
-    is the object whose end frees them."""
+    when it is a view of one (GGUF tensors), else those of the memory it is a view of, which
+    must hold it (a view of a page_aligned array: the page_aligned array's own, so that views
+    of it, such as one layer's row of the `keep` tallies, share one registration); owner is
+    the object whose end frees them."""
     root = array
     while isinstance(root.base, np.ndarray):
         root = root.base
@@ -223,6 +225,10 @@ def _region(array: np.ndarray) -> tuple[int, int, object]:
     if isinstance(mapping, mmap.mmap):
         return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping), mapping
     lo = array.ctypes.data
+    first = -(-root.ctypes.data // PAGE) * PAGE  # the whole pages of the memory it is a view of (the
+    end = (root.ctypes.data + root.nbytes) // PAGE * PAGE  # interior of page_aligned's allocation)
+    if first <= lo and lo + array.nbytes <= end:
+        return first, end - first, root
     if lo % PAGE:
         raise ValueError("a host array the GPU addresses must own its pages (edgekv.cuda.arrays.page_aligned)")
-    return lo, -(-array.nbytes // PAGE) * PAGE, root
+    return lo, -(-array.nbytes // PAGE) * PAGE, root  # its own pages, the last one partly
