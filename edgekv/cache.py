@@ -73,9 +73,6 @@ class KVCache:
         if self.calibrated and key_map is None:
             raise EdgeKVError(f"cache_type_k={type_k!r} needs the model's key map (kv_calibration.key_map)")
         self.key_map = key_map if self.calibrated else None
-        # the first SINKS positions' stored (mapped, rotated) K in f32, by position; None unless
-        # calibrated (a mix keeps them for every layer; only its calibrated layers read them)
-        self.sink_k = np.zeros((n_layers, n_kv_heads, SINKS, head_dim_k), np.float32) if self.key_map is not None else None
         # who sees each layer's Q and K on their way in (kv_calibration measures with it)
         self.observer = None
         self.capacity = capacity
@@ -86,6 +83,9 @@ class KVCache:
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
         ring = self.backend.ring_array  # host memory the backend reads (the CUDA backend maps it)
+        # the first SINKS positions' stored (mapped, rotated) K in f32, by position; None unless
+        # calibrated (a mix keeps them for every layer; only its calibrated layers read them)
+        self.sink_k = ring((n_layers, n_kv_heads, SINKS, head_dim_k), np.float32) if self.key_map is not None else None
         self.k = [ring((n_kv_heads, cap, kind.row_nbytes(head_dim_k)), np.uint8)
                   for cap, kind in zip(self.caps, self.kinds_k)]
         self.v = [ring((n_kv_heads, cap, kind.row_nbytes(head_dim_v)), np.uint8)
@@ -339,7 +339,7 @@ class KVCache:
         self.k, self.v, self.pos = [adopt(a) for a in k], [adopt(a) for a in v], [adopt(a) for a in pos]
         self._addresses = None
         if self.calibrated:
-            self.key_map, self.sink_k = key_map, sink_k
+            self.key_map, self.sink_k = key_map, None if sink_k is None else adopt(sink_k)
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
         self.backend.rings_from_host(self)
@@ -350,7 +350,8 @@ class KVCache:
         ring is larger receives its live slots in position order at the front, so a
         windowed ring's next write still overwrites its oldest slot."""
         other.backend.rings_to_host(other)
-        self.sink_k = None if other.sink_k is None else other.sink_k.copy()
+        if self.sink_k is not None and other.sink_k is not None:  # in place: where the backend reads them
+            self.sink_k[...] = other.sink_k
         for layer, pos in enumerate(other.pos):
             if self.caps[layer] == other.caps[layer]:
                 self.k[layer][...] = other.k[layer]

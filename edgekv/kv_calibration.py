@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from .cache import SINKS, KeyMap
-from .errors import EdgeKVError
 from .kernels.jit_cache import kernel_cache_dir
 from .layer_types import spec_types
 from .quants import KV_CACHE_TYPES
@@ -153,12 +152,23 @@ def key_map(model, n_ctx: int) -> KeyMap:
     if found is None:
         t0 = time.perf_counter()
         tokens = model.tokenizer.encode(CALIBRATION_TEXT.read_bytes())[:MAX_TOKENS]
-        found = measure(model.network, tokens, n_ctx)
+        found = measure(_measuring_network(model), tokens, n_ctx)
         log.info("iq4_cal: measured the key map for %d positions on %d tokens in %.2f s", n_ctx, len(tokens),
                  time.perf_counter() - t0)
         _write(path, found)
     maps[n_ctx] = found
     return found
+
+
+def _measuring_network(model):
+    """The network whose pass `measure` observes: the model's own, or on a GPU the same file
+    loaded for the CPU (the observer reads Q and K as host arrays; the map it measures is a
+    property of the model, and is kept on disk: the pass runs once per model and context)."""
+    if model.backend.name in ("cpu", "cpu-portable"):
+        return model.network
+    from .loader import load
+
+    return load(model.gguf.path, backend="cpu").network
 
 
 def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:
@@ -167,7 +177,4 @@ def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:
     kinds = [KV_CACHE_TYPES.get(name) for name in spec_types(cache_type_k)]
     if not any(kind is not None and kind.calibrated for kind in kinds):
         return None
-    if model.backend.name == "cuda":  # before measuring: its pass reads Q and K on the host
-        raise EdgeKVError(f"cache_type_k={cache_type_k!r}: a calibrated K type is not on the CUDA backend yet; "
-                          "use another cache type, or --backend cpu")
     return key_map(model, n_ctx)

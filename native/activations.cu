@@ -3,9 +3,6 @@
 // element count of the whole f32 tensor.
 #include "ek_common.cuh"
 
-#define EK_GRID_STRIDE(i, n) for (ek_u64 i = (ek_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (ek_u64)(n); \
-                                  i += (ek_u64)gridDim.x * blockDim.x)
-
 extern "C" __global__ void ek_silu_mul(float* gate, const float* __restrict__ up, ek_u64 n) {
     EK_GRID_STRIDE(i, n) {
         const float g = gate[i];

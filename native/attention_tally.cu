@@ -11,11 +11,13 @@ extern "C" __global__ void ek_attention_stats(const float* __restrict__ q, const
                                               const int* __restrict__ slot_pos, const int* __restrict__ n_slots,
                                               int window, float scale, int type_k, int type_v, int n_heads, int n_kv,
                                               int hd_k, int hd_v, int cap, int row_bytes_k, int row_bytes_v,
+                                              const float* __restrict__ sink, int n_sinks,
                                               float* __restrict__ stats) {
     const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_heads / n_kv);
     const ek_attend_args a = {q + ((ek_u64)t * n_heads + h) * hd_k, k + (ek_u64)kv * cap * row_bytes_k,
                               v + (ek_u64)kv * cap * row_bytes_v, slot_pos, *n_slots, q_pos[t], window, type_k,
-                              type_v, hd_k, hd_v, row_bytes_k, row_bytes_v, scale, nullptr};
+                              type_v, hd_k, hd_v, row_bytes_k, row_bytes_v, scale, nullptr,
+                              sink + (ek_u64)kv * n_sinks * hd_k, n_sinks};
     ek_attend_stats(ek_warp(), a, stats + ((ek_u64)t * n_heads + h) * 2);
 }
 
@@ -24,11 +26,13 @@ extern "C" __global__ void ek_attention_tally(const float* __restrict__ q, const
                                               const int* __restrict__ slot_pos, const int* __restrict__ n_slots,
                                               int window, float scale, int type_k, int type_v, int n_heads, int n_kv,
                                               int hd_k, int hd_v, int cap, int row_bytes_k, int row_bytes_v,
+                                              const float* __restrict__ sink, int n_sinks,
                                               const float* __restrict__ stats, float* __restrict__ mass, int n_tok) {
     const int s = blockIdx.x * (blockDim.x / EK_WARP) + threadIdx.x / EK_WARP, kv = blockIdx.y;
     if (s >= *n_slots) return;  // the whole warp: its slot is past the ones written
     const ek_tally_args t = {q, q_pos, k + (ek_u64)kv * cap * row_bytes_k, slot_pos, stats, n_tok, n_heads,
-                             n_heads / n_kv, kv, window, type_k, hd_k, row_bytes_k, scale};
+                             n_heads / n_kv, kv, window, type_k, hd_k, row_bytes_k, scale,
+                             sink + (ek_u64)kv * n_sinks * hd_k, n_sinks};
     const float w = ek_tally_slot(ek_warp(), t, s);
     if (threadIdx.x % EK_WARP == 0) mass[(ek_u64)kv * cap + s] += w;
 }

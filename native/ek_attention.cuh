@@ -38,17 +38,30 @@ struct ek_attend_args {
     int n_slots, qp, window, type_k, type_v, hd_k, hd_v, row_bytes_k, row_bytes_v;
     float scale;
     float* out;             // [hd_v]
+    // a calibrated K type's f32 rows of the first positions, read instead of the ring's for a
+    // slot holding position p < n_sinks: sink[p * hd_k ...] (null and 0: none)
+    const float* sink;
+    int n_sinks;
 };
 
 // the score of slot s (visible or not): q . K[s] * scale, q this lane's dims of the query
 template <class W>
 EK_HD float ek_score(const W& w, const ek_attend_args& a, const float* q, int s) {
     constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
-    const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
+    const int p = a.slot_pos[s];
     float part = 0.0f;
-    for (int i = 0; i < per_lane; ++i) {
-        const int d = w.lane() + i * W::lanes;
-        if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
+    if (p < a.n_sinks) {
+        const float* sink_row = a.sink + (ek_u64)p * a.hd_k;
+        for (int i = 0; i < per_lane; ++i) {
+            const int d = w.lane() + i * W::lanes;
+            if (d < a.hd_k) part += q[i] * sink_row[d];
+        }
+    } else {
+        const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
+        for (int i = 0; i < per_lane; ++i) {
+            const int d = w.lane() + i * W::lanes;
+            if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
+        }
     }
     return w.sum(part) * a.scale;
 }
@@ -171,6 +184,8 @@ struct ek_tally_args {
     const float* stats;     // [n_tok, n_heads, 2]: ek_attend_stats' {m, l}
     int n_tok, n_heads, group, kv, window, type_k, hd_k, row_bytes_k;
     float scale;
+    const float* sink;      // as ek_attend_args'
+    int n_sinks;
 };
 
 // slot s's softmax weight summed over the queries that see it and KV head kv's query heads
@@ -183,7 +198,7 @@ EK_HD float ek_tally_slot(const W& w, const ek_tally_args& t, int s) {
     const ek_u8* k_row = t.k + (ek_u64)s * t.row_bytes_k;
     for (int i = 0; i < per_lane; ++i) {
         const int d = w.lane() + i * W::lanes;
-        key[i] = d < t.hd_k ? ek_kv_element(t.type_k, k_row, d) : 0.0f;
+        key[i] = d >= t.hd_k ? 0.0f : p < t.n_sinks ? t.sink[(ek_u64)p * t.hd_k + d] : ek_kv_element(t.type_k, k_row, d);
     }
     float sum = 0.0f;
     for (int tok = 0; tok < t.n_tok; ++tok) {

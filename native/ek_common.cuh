@@ -74,6 +74,9 @@ EK_HD int ek_dp4a(int a, int b, int c) {
 
 #ifdef __CUDACC__
 #define EK_WARP 32
+// each element index i < n of an element-wise kernel, a thread at a time over the grid
+#define EK_GRID_STRIDE(i, n) for (ek_u64 i = (ek_u64)blockIdx.x * blockDim.x + threadIdx.x; i < (ek_u64)(n); \
+                                  i += (ek_u64)gridDim.x * blockDim.x)
 #define EK_NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float ek_warp_sum(float v) {

@@ -341,7 +341,7 @@ def kv_write(L, src, slots, ring, ggml_type, limit, n_tok, n_kv, hd, cap, row_by
 
 
 def _scores(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v, n_heads, n_kv, hd_k, hd_v,
-            cap, row_bytes_k, row_bytes_v, n_tok=None):
+            cap, row_bytes_k, row_bytes_v, sink, n_sinks, n_tok=None):
     """Per query token: which of the *n_slots written slots it sees, and each head's scores
     and values over them, in float64 (the ring read as the kernels read it). n_tok: the
     grid's second dimension unless given (a kernel whose grid is by slot)."""
@@ -355,6 +355,10 @@ def _scores(L, q, q_pos, k, v, slot_pos, n_slots, window, scale_, type_k, type_v
                       type_k, hd_k).reshape(n_kv, n_slots, hd_k)
     values = dequantize(mem(v, n_kv * cap * row_bytes_v, np.uint8).reshape(n_kv, cap, -1)[:, :n_slots].reshape(-1),
                         type_v, hd_v).reshape(n_kv, n_slots, hd_v)
+    if n_sinks:  # a calibrated K type: the slots of positions < n_sinks read their f32 rows
+        sinks = mem(sink, n_kv * n_sinks * hd_k).reshape(n_kv, n_sinks, hd_k)
+        at = np.flatnonzero((pos >= 0) & (pos < n_sinks))
+        keys[:, at] = sinks[:, pos[at]]
     group = n_heads // n_kv
     for t, qp in enumerate(mem(q_pos, n_tok, np.int32)):
         visible = (pos >= 0) & (pos <= qp) & ((window == 0) | (qp - pos < window))
@@ -390,6 +394,21 @@ def attention_split(L, *args):
                 m = scores[seen].max()
                 p = np.exp(np.where(seen, scores, -np.inf) - m)
                 records[t, h, z, 0], records[t, h, z, 1], records[t, h, z, 2:] = m, p.sum(), p @ values
+
+
+def key_map(L, x, mean, scale_, n, n_kv, group, hd, queries):
+    L.need(L.grid[0] * L.block[0] >= min(n, 1), "threads over the values (grid-stride)")
+    values = mem(x, n).reshape(-1, n_kv, group, hd)
+    m, s = mem(mean, n_kv * hd).reshape(n_kv, 1, hd), mem(scale_, n_kv * hd).reshape(n_kv, 1, hd)
+    values[...] = values / s if queries else (values - m) * s
+
+
+def keep_sinks(L, k, positions, sink, n, n_kv, hd, n_sinks):
+    n_tok = n // (n_kv * hd)
+    keys, sinks = mem(k, n).reshape(n_tok, n_kv, hd), mem(sink, n_kv * n_sinks * hd).reshape(n_kv, n_sinks, hd)
+    for t, p in enumerate(mem(positions, n_tok, np.int32)):
+        if 0 <= p < n_sinks:
+            sinks[:, p] = keys[t]
 
 
 def attention_stats(L, *args):
@@ -450,4 +469,5 @@ def kv_shift(L, ring, slots, cos, sin, h, r, ggml_type, limit, m, n_kv, hd, cap,
 
 KERNELS = {f.__name__: f for f in (get_rows, quantize_q8_1, rms_norm, add_rms_norm, rms_norm_heads, rope, silu_mul,
                                    gelu_mul, add, scale, softcap, softmax_rows, add_bias, rotate, kv_write, attention,
-                                   attention_split, attention_merge, attention_stats, attention_tally, kv_shift)}
+                                   attention_split, attention_merge, attention_stats, attention_tally, kv_shift,
+                                   key_map, keep_sinks)}

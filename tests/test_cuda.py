@@ -66,7 +66,7 @@ def test_every_kernel_has_a_signature_the_launcher_packs():
     matvec = programs.kernel_signatures(programs.sources()["matvec.cu"])
     assert matvec["ek_matvec_q6_K"] == "pppiii" and matvec["ek_matmul_q6_K"] == "pppiiii"  # + n_tok
     attention = programs.kernel_signatures(programs.sources()["attention.cu"])["ek_attention"]
-    assert attention == "pppppp" + "if" + "i" * 9 + "p"
+    assert attention == "pppppp" + "if" + "i" * 9 + "pi" + "p"  # ..., sink, n_sinks, out
     assert programs.kernel_signatures(programs.sources()["activations.cu"])["ek_scale"] == "pfq"
 
 

@@ -284,13 +284,47 @@ def test_keep_tallies_and_evicts_as_the_cpu_backend_does(tiny_model, arch, integ
     assert relative_error(gpu_logits, cpu_logits) < tol
 
 
-def test_what_the_gpu_does_not_do_yet_is_a_clear_error(tiny_model):
-    model = cuda_model(tiny_model("llama", **WIDE))
-    with pytest.raises(EdgeKVError, match="calibrated K type is not on the CUDA backend yet"):
-        model.session(n_ctx=16, cache_type_k="iq4_cal")
-    s = model.session(n_ctx=16)  # the model stays usable
-    s.eval([1, 2, 3])
-    assert np.isfinite(s.logits).all()
+@pytest.mark.parametrize("integrated", [True, False])
+def test_a_calibrated_k_cache_follows_the_cpu_backend_and_its_state_file(tiny_model, tmp_path, integrated):
+    # iq4_cal: keys and queries through the model's key map (measured on the CPU, the same
+    # map for both backends), K rows in iq4_nl, and position 0's stored K in an f32 sink row
+    path = tiny_model("llama", **WIDE)
+    tokens = [int(t) for t in rng.integers(1, 200, 16)]
+    options = dict(n_ctx=32, n_batch=8, cache_type_k="iq4_cal", cache_type_v="q8_0")
+    gpu_model = cuda_model(path, integrated)
+
+    def run(model):
+        s = model.session(**options)
+        out = [s.eval(tokens[:10], all_logits=True)]
+        for t in tokens[10:]:
+            s.eval([t])
+            out.append(s.logits[None].copy())
+        return s, np.concatenate(out)
+
+    def grow(s, model):  # n_ctx="auto" growth: a larger context's own key map, the rows re-coded on the host
+        from edgekv.kv_calibration import key_map_for
+
+        bigger = s.grown(64, key_map=key_map_for(model, "iq4_cal", 64))
+        bigger.eval([7])
+        return bigger.logits.copy()
+
+    gpu, got = run(gpu_model)
+    cpu_model = load(path, backend="cpu")
+    cpu, want = run(cpu_model)
+    grown_gpu, grown_cpu = grow(gpu, gpu_model), grow(cpu, cpu_model)
+    assert relative_error(grown_gpu, grown_cpu) < BLOCK_NOISE["iq4_nl"]
+    assert np.abs(gpu.cache.sink_k).max() > 0
+    np.testing.assert_allclose(gpu.cache.sink_k, cpu.cache.sink_k, rtol=1e-5, atol=1e-6)
+    errors = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert errors.max() < BLOCK_NOISE["iq4_nl"] and np.median(errors) < BLOCK_NOISE["iq4_nl"] / 2, errors
+    from edgekv.state_file import load_session, save_session
+
+    save_session(gpu, "fp", tmp_path / "s.edgekv")  # the rows, the key map and the sink rows, into a new session
+    again = gpu_model.session(**options)
+    load_session(again, "fp", tmp_path / "s.edgekv")
+    gpu.eval([5])
+    again.eval([5])
+    np.testing.assert_array_equal(again.logits, gpu.logits)
 
 
 def test_an_unmapped_host_array_never_reaches_a_kernel():

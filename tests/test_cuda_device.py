@@ -214,7 +214,7 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
     for window, split in ((0, False), (12, False), (0, True), (12, True)):
         ring = (_f32(dev, q), dev.upload(q_pos), dev.upload(k), dev.upload(v), dev.upload(slot_pos),
                 dev.upload(np.array([cap], np.int32)), window, 0.125, int(tk), int(tv), n_heads, n_kv, hd, hd, cap,
-                k.shape[-1], v.shape[-1])
+                k.shape[-1], v.shape[-1], 0, 0)
         if split:
             dev.launch("ek_attention_split", (n_heads, n_tok, n_splits), (32,), *ring, chunk, parts)
             dev.launch("ek_attention_merge", (n_heads, n_tok), (32,), parts, n_splits, n_heads, hd, out)
@@ -245,7 +245,7 @@ def test_keep_tallies_add_each_slots_softmax_weight_into_mapped_memory(dev, type
     before = mass.copy()
     ring = (_f32(dev, q), dev.upload(q_pos), dev.upload(k), dev.upload(k), dev.upload(slot_pos),
             dev.upload(np.array([n_slots], np.int32)), window, 0.125, int(tk), int(tk), n_heads, n_kv, hd, hd, cap,
-            k.shape[-1], k.shape[-1])
+            k.shape[-1], k.shape[-1], 0, 0)
     stats = dev.alloc(n_tok * n_heads * 2 * 4)
     dev.launch("ek_attention_stats", (n_heads, n_tok), (32,), *ring, stats)
     dev.launch("ek_attention_tally", ((cap + 3) // 4, n_kv), (128,), *ring, stats, dev.map(mass, read_only=False),

@@ -46,6 +46,9 @@ def host(tmp_path_factory):
                                   int n_splits, float *parts, float *out);
         void ek_host_shift_row(unsigned char *row, int type, int hd, int mode, const float *cos_t,
                                const float *sin_t, const float *h, int r, float limit);
+        void ek_host_attend_sinks(const float *q, const unsigned char *k, const unsigned char *v,
+                                  const int *slot_pos, int n_slots, int qp, int type_k, int hd, int row_bytes_k,
+                                  const float *sink, int n_sinks, float *out);
         void ek_host_tally(const float *q, const int *q_pos, const unsigned char *k, const int *slot_pos,
                            int n_slots, int window, int type_k, int n_tok, int n_heads, int n_kv, int hd_k, int cap,
                            int row_bytes_k, float scale, float *stats, float *mass);
@@ -98,6 +101,13 @@ def host(tmp_path_factory):
                                const float *sin_t, const float *h, int r, float limit) {
             ek_shift_args a = {type, hd, hd / 2, mode, r, limit, cos_t, sin_t, h};
             ek_shift_row(row, a);
+        }
+        void ek_host_attend_sinks(const float *q, const unsigned char *k, const unsigned char *v,
+                                  const int *slot_pos, int n_slots, int qp, int type_k, int hd, int row_bytes_k,
+                                  const float *sink, int n_sinks, float *out) {
+            ek_attend_args a = {q, k, v, slot_pos, n_slots, qp, 0, type_k, EK_F32, hd, hd, row_bytes_k, 4 * hd,
+                                0.125f, out, sink, n_sinks};
+            ek_attend_head(ek_one_lane(), a);
         }
         void ek_host_tally(const float *q, const int *q_pos, const unsigned char *k, const int *slot_pos,
                            int n_slots, int window, int type_k, int n_tok, int n_heads, int n_kv, int hd_k, int cap,
@@ -328,6 +338,29 @@ def test_attention_split_over_slot_ranges_and_merged_matches_float64(host, type_
     want = _reference_attention(q, k[:n_slots], v[:n_slots], slot_pos[:n_slots], qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
     assert np.allclose(out, whole, rtol=1e-5, atol=1e-6)  # as the one-warp pass
+
+
+def test_attention_reads_the_sink_rows_for_the_first_positions(host):
+    # a calibrated K type (iq4_cal) keeps the stored K of positions < n_sinks in f32 rows
+    # beside the ring: a slot holding such a position is scored with its sink row
+    rng = np.random.default_rng(23)
+    hd, cap, n_sinks = 64, 12, 2
+    slot_pos = rng.permutation(cap).astype(np.int32)
+    q = (2 * rng.standard_normal(hd)).astype(np.float32)
+    k_rows = _kv_rows(host, "iq4_nl", rng.standard_normal((cap, hd)).astype(np.float32))
+    v = rng.standard_normal((cap, hd)).astype(np.float32)
+    sink = rng.standard_normal((n_sinks, hd)).astype(np.float32)  # unlike the rows: which is read shows
+    out = np.zeros(hd, np.float32)
+    ffi = host.ffi
+    host.lib.ek_host_attend_sinks(ffi.from_buffer("float[]", q), ffi.from_buffer(k_rows), ffi.from_buffer(v),
+                                  ffi.from_buffer("int[]", slot_pos), cap, cap - 1, int(T.IQ4_NL), hd,
+                                  k_rows.shape[1], ffi.from_buffer("float[]", sink), n_sinks,
+                                  ffi.from_buffer("float[]", out))
+    keys = dequantize(k_rows, T.IQ4_NL).astype(np.float64)
+    at = np.flatnonzero(slot_pos < n_sinks)
+    keys[at] = sink[slot_pos[at]]
+    want = _reference_attention(q, keys, v, slot_pos, cap - 1, 0, 0.125)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
 
 
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "iq4_nl"])

@@ -45,7 +45,7 @@ LOGIT_TOL = {"tiny-llama-F32": (1e-2, 1e-2), "tiny-gemma3-F16": (1e-2, 1e-2), "s
 # worst from its own with an f32 cache, the GPU's 0.137 / 0.25, the two from each other
 # 0.14 / 0.26). So each backend is held to the distance from the f32 cache: the GPU's no
 # more than the CPU's by these factors (plus the model's own tolerance)
-LOW_BIT = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+LOW_BIT = {"q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_cal"}
 LOW_BIT_FACTOR = (1.25, 1.6)  # on the mean, on the worst step
 
 
@@ -106,7 +106,8 @@ def test_greedy_32_tokens_follow_the_cpu(model_path):
     assert _relative(gpu, exact).mean() < max(1.25 * _relative(cpu, exact).mean(), 1e-3)
 
 
-@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+                                        "iq4_cal"])
 @pytest.mark.parametrize("model_path", ["tiny-gemma3-F16", "smollm2"], indirect=True)
 def test_every_cache_type_follows_the_cpu(model_path, cache_type):
     path, tol = model_path

@@ -20,7 +20,10 @@ GPU maps, as the slot positions): after a full-context layer's attention, each (
 head)'s softmax {m, l} (ek_attention_stats), then each slot's weight summed over the queries
 and its KV head's query heads, added by the one warp that owns the slot (ek_attention_tally).
 
-Not on the GPU yet, a clear error: a calibrated K type (its key map and f32 sink rows).
+A calibrated K type (iq4_cal): keys and queries through the layer's key map before the
+rotation (ek_key_map; the map's rows copied to the device once), and the stored K of the
+first positions also in f32 rows (cache.SINKS; mapped host memory, as the tallies), which
+attention reads instead of their quantized rows (ek_keep_sinks, the attention kernels' sink).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class RingAttention:
         # unregistered (runtime.Device.host_pointer), not kept alive here
         self._pointers: dict[int, tuple[weakref.ref, int]] = {}
         self._resident: dict[int, tuple[weakref.ref, Buffer]] = {}  # id(K/V ring) -> its device copy
+        self._constants: dict[tuple[int, int, int], tuple[weakref.ref, Buffer]] = {}  # see constant()
 
     def pointer(self, a: np.ndarray) -> int:
         """The device address of a ring array (registered on first sight; writable: the
@@ -105,9 +109,6 @@ class RingAttention:
 
     def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: DeviceArray, k: DeviceArray,
                v: DeviceArray, out: DeviceArray, scale: float) -> None:
-        if layer.key_scale is not None or layer.sink_k is not None:
-            raise EdgeKVError("a calibrated K cache type (iq4_cal) is not on the CUDA backend yet: "
-                              "use another cache type, or --backend cpu")
         for t in (layer.type_k, layer.type_v):
             if t not in CACHE_TYPES:  # the kernels would read and write nothing: never silently
                 raise EdgeKVError(f"cache type {T(t).name.lower()} is not on the CUDA backend: use another cache "
@@ -115,23 +116,23 @@ class RingAttention:
         be = self.backend
         n, n_heads, hd_k = q.shape
         n_kv, hd_v = k.shape[1], v.shape[2]
+        if layer.key_scale is not None:  # a calibrated K type: its map, before the rotation (as the CPU's)
+            self.map_keys(layer, q, k)
         self.rotate(q, layer.rot_k)
         self.rotate(k, layer.rot_k)
         self.rotate(v, layer.rot_v)
-        i = layer.index  # a replayed step's slots, positions and slot count come from its reservation and cache
-        dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
-        k_ring, v_ring = self.rows(layer.k), self.rows(layer.v)
-        cap = layer.slot_pos.shape[0]
-        for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
-                                                      (v, v_ring, layer.v, layer.type_v, hd_v, layer.limit_v)):
-            per_row = hd // 32 if ggml_type in QUANTIZED_BLOCK_BYTES else hd
-            be.launch("ek_kv_write", shape.kv_write(n * n_kv * per_row), src, dev_slots, ring, int(ggml_type),
-                      float(limit), n, n_kv, hd, cap, host.shape[2])
+        # a replayed step's slots, positions and slot count come from its reservation and cache
         q_pos = be.input(np.asarray(positions, np.int32), be.source(positions, lambda st: st.res.positions))
+        k_ring, v_ring = self.write(layer, slots, k, v)
+        sink, n_sinks = 0, 0
+        if layer.sink_k is not None:  # the stored K of the first positions, kept in f32 and read from there
+            sink, n_sinks = self.pointer(layer.sink_k), layer.sink_k.shape[1]
+            be.launch("ek_keep_sinks", shape.elementwise(k.size), k, q_pos, sink, k.size, n_kv, hd_k, n_sinks)
         n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
+        cap = layer.slot_pos.shape[0]
         ring = (q, q_pos, k_ring, v_ring, self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
                 int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
-                layer.v.shape[2])
+                layer.v.shape[2], sink, n_sinks)
         n_splits, chunk = shape.attention_splits(cap, n)
         if n_splits == 1:
             be.launch("ek_attention", shape.attention(n_heads, n), *ring, out)
@@ -145,6 +146,45 @@ class RingAttention:
             be.launch("ek_attention_tally", shape.attention_tally(cap, n_kv), *ring, stats,
                       self.pointer(layer.attn_mass), n)
         self.rotate(out, layer.rot_v)
+
+    def write(self, layer: LayerView, slots: np.ndarray, k: DeviceArray, v: DeviceArray) -> tuple[int, int]:
+        """A chunk's K and V rows into their slots of the ring, in its types; the rings' addresses."""
+        be = self.backend
+        n, n_kv, hd_k = k.shape
+        i = layer.index
+        dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
+        k_ring, v_ring = self.rows(layer.k), self.rows(layer.v)
+        cap = layer.slot_pos.shape[0]
+        for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
+                                                      (v, v_ring, layer.v, layer.type_v, v.shape[2], layer.limit_v)):
+            per_row = hd // 32 if ggml_type in QUANTIZED_BLOCK_BYTES else hd
+            be.launch("ek_kv_write", shape.kv_write(n * n_kv * per_row), src, dev_slots, ring, int(ggml_type),
+                      float(limit), n, n_kv, hd, cap, host.shape[2])
+        return k_ring, v_ring
+
+    def map_keys(self, layer: LayerView, q: DeviceArray, k: DeviceArray) -> None:
+        """A calibrated K type's map (row_transforms.KeyMap): keys (k - mean) * scale, queries
+        q / scale, per KV head and dim."""
+        mean, scale = self.constant(layer.key_mean), self.constant(layer.key_scale)
+        n_kv, hd = k.shape[1], k.shape[2]
+        self.backend.launch("ek_key_map", shape.elementwise(k.size), k, mean, scale, k.size, n_kv, 1, hd, 0)
+        self.backend.launch("ek_key_map", shape.elementwise(q.size), q, mean, scale, q.size, n_kv,
+                            q.shape[1] // n_kv, hd, 1)
+
+    def constant(self, view: np.ndarray) -> Buffer:
+        """A read-only f32 array on the device, copied once: one layer's row of an array that
+        is never written in place (a KeyMap's), held while that array lives. Keyed by the
+        memory, since cache.layer_view hands out a new view of it each step."""
+        root = view
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        key = (id(root), view.ctypes.data, view.nbytes)
+        hit = self._constants.get(key)
+        if hit is None or hit[0]() is not root:
+            buf = self.backend.device.upload(np.ascontiguousarray(view, np.float32), owner=root)
+            hit = self._constants[key] = (weakref.ref(root), buf)
+            weakref.finalize(root, self._constants.pop, key, None)
+        return hit[1]
 
     def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:
         """A context shift's K rows re-rotated in the ring by ek_kv_shift (CUDABackend.shift_ring)."""
