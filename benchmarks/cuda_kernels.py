@@ -3,8 +3,8 @@
 Per kernel call (mean of 200 after 20 warm-up launches, one stream, synchronised at the
 end): the weight matvecs of one SmolLM2-135M and one gemma3-270M layer in their GGUF
 types, their output matrices, and attention over 4096 cached tokens with the f16, q8_0 and
-q4_0 caches, split into ranges or not; the gate+up matrix times 512 prompt tokens by the
-matvec and the matmul kernels. `per token` adds one layer's kernels times the layer count plus the output:
+q4_0 caches, split into ranges or not, and the `keep` policy's tallies after it; the
+gate+up matrix times 512 prompt tokens by the matvec and the matmul kernels. `per token` adds one layer's kernels times the layer count plus the output:
 a floor for a decode step on this GPU before launch overhead (what a CUDA graph removes).
 The weights are random, in the models' shapes and types; only time is measured here
 (tests/test_cuda_device.py checks the numbers).
@@ -94,24 +94,31 @@ def prefill_us(dev, rows: int, cols: int, kind: str, rng, matmul: bool) -> float
     return _time(dev, lambda: dev.launch(name, grid, (32, 4), *args), n=20, warm=3) * 1e6
 
 
-def attention_us(dev, heads: tuple[int, int, int], cache: str, rng, split: bool) -> float:
-    """One decode query over DEPTH slots: one warp per head, or split into ranges and merged
-    (as the backend runs it at depth: cuda_launch.attention_splits)."""
+def _ring(dev, heads: tuple[int, int, int], cache: str, rng) -> tuple:
+    """The attention kernels' ring arguments for one decode query over DEPTH slots."""
     import gguf
     from gguf.quants import quantize
 
-    from edgekv.backends.cuda_launch import attention_splits
-
     n_heads, n_kv, hd = heads
     t = gguf.GGMLQuantizationType[cache.upper()]
-    rows = quantize(rng.standard_normal((n_kv, DEPTH, hd)).astype(np.float32), t)
+    rows = quantize(rng.standard_normal((n_kv, DEPTH, hd)).astype(np.float32), t).view(np.uint8)  # F16: halves
     k, v = dev.upload(rows), dev.upload(rows)
-    q, out = dev.upload(rng.standard_normal((n_heads, hd)).astype(np.float32)), dev.alloc(n_heads * hd * 4)
+    q = dev.upload(rng.standard_normal((n_heads, hd)).astype(np.float32))
     pos = dev.upload(np.arange(DEPTH, dtype=np.int32))
     qp = dev.upload(np.array([DEPTH - 1], np.int32))
     n_slots = dev.upload(np.array([DEPTH], np.int32))
     rb = rows.shape[-1]
-    ring = (q, qp, k, v, pos, n_slots, 0, 0.125, int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb)
+    return (q, qp, k, v, pos, n_slots, 0, 0.125, int(t), int(t), n_heads, n_kv, hd, hd, DEPTH, rb, rb, 0, 0)
+
+
+def attention_us(dev, heads: tuple[int, int, int], cache: str, rng, split: bool) -> float:
+    """One decode query over DEPTH slots: one warp per head, or split into ranges and merged
+    (as the backend runs it at depth: cuda_launch.attention_splits)."""
+    from edgekv.backends.cuda_launch import attention_splits
+
+    n_heads, _, hd = heads
+    ring = _ring(dev, heads, cache, rng)
+    out = dev.alloc(n_heads * hd * 4)
     n_splits, chunk = attention_splits(DEPTH, 1)
     parts = dev.alloc(n_heads * n_splits * (2 + hd) * 4)
 
@@ -124,12 +131,30 @@ def attention_us(dev, heads: tuple[int, int, int], cache: str, rng, split: bool)
     return _time(dev, run, n=50) * 1e6
 
 
-def main() -> int:
+def tally_us(dev, heads: tuple[int, int, int], rng) -> float:
+    """The `keep` policy's work after one decode query's attention over DEPTH f16 slots: the
+    softmax stats, then each slot's weight added to the tallies in mapped host memory."""
+    from edgekv.backends.cuda_launch import attention_tally
+    from edgekv.cuda.arrays import page_aligned
+
+    n_heads, n_kv, _ = heads
+    ring = _ring(dev, heads, "f16", rng)
+    stats, mass = dev.alloc(n_heads * 2 * 4), dev.map(page_aligned((n_kv, DEPTH), np.float32), read_only=False)
+    shape = attention_tally(DEPTH, n_kv)
+
+    def run():
+        dev.launch("ek_attention_stats", (n_heads, 1), (32,), *ring, stats)
+        dev.launch("ek_attention_tally", shape.grid, shape.block, *ring, stats, mass, 1)
+
+    return _time(dev, run, n=50) * 1e6
+
+
+def main(dev=None) -> int:
     from edgekv.cuda.driver import CudaUnavailable
     from edgekv.cuda.runtime import Device
 
     try:
-        dev = Device()
+        dev = dev or Device()
     except CudaUnavailable as exc:
         print(f"cuda_kernels: no CUDA device here, nothing measured ({exc})")
         return 0
@@ -157,6 +182,8 @@ def main() -> int:
                 us = attention_us(dev, spec["heads"], cache, rng, split)
                 print(f"| {model} | attention d{DEPTH}{' split' if split else ''} | {spec['heads']} | {cache} | "
                       f"{us:.1f} | |")
+        us = tally_us(dev, spec["heads"], rng)
+        print(f"| {model} | keep's tallies d{DEPTH} (per full-context layer) | {spec['heads']} | f16 | {us:.1f} | |")
         floor = layer * spec["layers"] + out_us
         print(f"| {model} | per token, matvecs only | {spec['layers']} layers + output | | {floor:.0f} | "
               f"(<= {1e6 / floor:.0f} t/s) |")
