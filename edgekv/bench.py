@@ -262,7 +262,14 @@ def run_test(model: "Model", test: BenchTest, repetitions: int, info: ModelInfo 
     test_time = now_rfc3339()
     runner = BenchRunner(model, test, warmup)
     samples = [runner.sample() for _ in range(repetitions)]
-    return BenchResult(info or ModelInfo.from_gguf(model.gguf), runner.test, test_time, samples)
+    return BenchResult(info or ModelInfo.from_gguf(model.gguf), runner.test, test_time, samples,
+                       backend_label(model.backend))
+
+
+def backend_label(backend) -> str:
+    """llama-bench's `backends` for where a model ran: "CUDA" on the GPU (llama-bench's own
+    name for it), else "numba" (the CPU backends)."""
+    return "CUDA" if backend.name == "cuda" else BACKEND
 
 
 @lru_cache(maxsize=1)

@@ -613,3 +613,12 @@ def test_a_cache_type_the_kernels_lack_is_an_error_not_an_empty_ring(tiny_model,
     s = cuda_model(tiny_model("llama", **WIDE)).session(n_ctx=32, n_batch=8, cache_type_k="iq4_nl")
     with pytest.raises(EdgeKVError, match="cache type iq4_nl is not on the CUDA backend"):
         s.eval([1, 2, 3])
+
+
+def test_a_benchmark_on_the_gpu_says_cuda_where_llama_bench_does(tiny_model):
+    from edgekv.bench import BenchTest, run_test
+
+    test = BenchTest(n_prompt=0, n_gen=4, n_depth=0, n_batch=8, n_threads=1, type_k="f16", type_v="f16")
+    gpu = run_test(cuda_model(tiny_model("llama")), test, 1).record()
+    cpu = run_test(load(tiny_model("llama"), backend="cpu"), test, 1).record()
+    assert (gpu["backends"], cpu["backends"]) == ("CUDA", "numba") and gpu["n_gen"] == 4
