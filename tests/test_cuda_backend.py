@@ -3,9 +3,10 @@ the emulated driver (tests/cuda_emulator.py: each native/ kernel's arithmetic in
 every launch's arguments, grid and pointers checked as a GPU would), against the float64
 NumPy reference (tests/numpy_reference.py) and the CPU backend: both architectures and
 their relatives, every weight type, every cache type, rings that wrap under shift and
-stream, host memory registered once per page (mapped weights on an integrated GPU, uploaded
-on a discrete one), one copy out per decode step. The kernels' own code is
-tests/test_cuda_host.py's (built for the CPU) and tests/test_cuda_device.py's (on a GPU).
+stream, the keep policy's tallies and evictions, the calibrated K type, CUDA-graph decode,
+one copy out per decode step. Where memory lives is tests/test_cuda_memory.py's; the
+kernels' own code is tests/test_cuda_host.py's (built for the CPU) and
+tests/test_cuda_device.py's (on a GPU).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from cuda_emulator import EmulatedDevice
 from edgekv.backends import cuda_launch as shape
 from edgekv.backends.cuda import CUDABackend, DeviceScratch
-from edgekv.cuda.arrays import DeviceArray, page_aligned
+from edgekv.cuda.arrays import DeviceArray
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
 from numpy_reference import ReferenceModel, ReferenceSession
@@ -154,81 +155,6 @@ def test_greedy_text_is_the_cpu_backends(tiny_model):
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("integrated", [True, False])
-def test_weights_are_mapped_on_an_integrated_gpu_and_uploaded_to_a_discrete_one(tiny_model, integrated):
-    model = cuda_model(tiny_model("llama", "Q8_0", **WIDE), integrated)
-    driver = model.backend.device.driver
-    file_pages = [r for r in driver.registered if r[1] - r[0] >= len(model.network.source._map) - 4096]
-    weights = model.network.layers[0].wq.buf
-    assert weights.mapped == integrated and len(file_pages) == (1 if integrated else 0)
-    s = model.session(n_ctx=32)
-    s.eval([1, 2, 3])
-    starts = {start for start, _ in driver.registered}  # slot positions (and on Jetson K, V): their own pages
-    assert all(a.ctypes.data in starts for a in s.cache.pos)
-    assert all((a.ctypes.data in starts) == integrated for a in s.cache.k + s.cache.v)  # discrete: device copies
-
-
-def test_a_discrete_gpus_rings_live_in_device_memory_and_reach_the_host_when_it_reads_them(tiny_model, tmp_path):
-    # snapshots, restores, state files and growth all cross between the device copies of the
-    # rings and their host arrays; each continuation must be the CPU backend's
-    from edgekv.state_file import load_session, save_session
-
-    path = tiny_model("llama", "Q8_0", **WIDE)
-    tokens = [int(t) for t in rng.integers(0, 200, 24)]
-    options = dict(n_ctx=32, n_batch=4, cache_type_k="q8_0", cache_type_v="f16")
-    cpu = load(path, backend="cpu").session(**options)
-    model = cuda_model(path, integrated=False)
-    gpu = model.session(**options)
-    for s in (cpu, gpu):
-        s.eval(tokens[:10])
-    assert not gpu.cache.k[0].any()  # the host arrays were never read back: the rows are on the device
-    state = gpu.snapshot()
-    assert state.k[0][:, :10].any() and not state.k[0][:, 10:].any()  # copied back for the snapshot
-    for t in tokens[10:14]:  # decode past the snapshot (captured and replayed)
-        gpu.eval([t])
-    gpu.restore(state)
-    save_session(gpu, "fp", tmp_path / "s.edgekv")
-    grown = gpu.grown(48)
-    fresh = model.session(**options)
-    load_session(fresh, "fp", tmp_path / "s.edgekv")
-    for t in tokens[10:16]:
-        cpu.eval([t])
-        for s in (gpu, grown, fresh):
-            s.eval([t])
-            assert relative_error(s.logits, cpu.logits) < 2e-2
-    assert model.backend.graphs.replayed > 0
-
-
-def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_device_rows(tiny_model, monkeypatch):
-    path = tiny_model("llama", **WIDE)
-    tokens = rng.integers(0, 200, 40)
-    options = dict(n_ctx=16, n_batch=1, cache_type_k="q8_0", cache_type_v="f16", context_shift="shift", n_keep=2)
-    _, want = _decode(cuda_model(path, integrated=False), tokens, **options)  # shifted on the device
-    model = cuda_model(path, integrated=False)
-    monkeypatch.setattr(model.backend.rings, "shift", lambda *args: False)  # the cache's host path instead
-    _, got = _decode(model, tokens, **options)
-    assert "ek_kv_shift" not in model.backend.device.driver.launches
-    assert max(relative_error(g, w) for g, w in zip(got, want)) < 1e-2
-
-
-@pytest.mark.parametrize("integrated", [True, False])
-def test_the_auto_context_on_a_discrete_gpu_fits_half_its_free_memory(tiny_model, integrated, monkeypatch):
-    from edgekv import Llama, context
-    from edgekv.context import default_mem_budget, weight_bytes
-
-    monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
-    path = str(tiny_model("llama"))
-    backend = CUDABackend(EmulatedDevice(integrated))
-    backend.device.driver.capacity = 3 << 20  # a GPU with 3 MiB: less than the host allows
-    llm = Llama(path, backend=backend, verbose=False)
-    host = default_mem_budget(weight_bytes(llm._model.gguf))
-    free_now = backend.device.driver.memory_info()[0]  # less the session made since the budget
-    if integrated:
-        assert llm._ctx.mem_budget == host  # the rings are the host's memory
-    else:
-        assert free_now // 2 <= llm._ctx.mem_budget <= (3 << 20) // 2 < host  # the GPU's free memory decided
-
-
 def test_a_decode_step_copies_the_logits_out_once_and_launches_the_same_kernels(tiny_model):
     model = cuda_model(tiny_model("gemma3"))
     driver = model.backend.device.driver
@@ -325,19 +251,6 @@ def test_a_calibrated_k_cache_follows_the_cpu_backend_and_its_state_file(tiny_mo
     gpu.eval([5])
     again.eval([5])
     np.testing.assert_array_equal(again.logits, gpu.logits)
-
-
-def test_an_unmapped_host_array_never_reaches_a_kernel():
-    device = EmulatedDevice()
-    with pytest.raises(ValueError, match="must own its pages"):
-        device.host_pointer(np.zeros(100, np.float32)[1:])
-    a = page_aligned((3, 1000), np.float32, 7)
-    assert a.ctypes.data % 4096 == 0 and (a == 7).all()
-    base = device.host_pointer(a)
-    assert device.host_pointer(a[1:]) == base + 4000  # inside a registered range: no new registration
-    assert len(device.driver.registered) == 1
-    with pytest.raises(RuntimeError, match="ILLEGAL_ADDRESS"):
-        device.launch("ek_scale", (1,), (256,), np.zeros(4, np.float32).ctypes.data, 2.0, 4)
 
 
 def test_device_arrays_slice_and_reshape_as_the_graphs_use_them():
@@ -452,98 +365,6 @@ def test_a_step_with_host_work_on_its_logits_is_not_captured(tiny_model):
     assert relative_error(got, want) < 2e-3 and np.abs(got).max() <= 3.0
 
 
-def test_weights_the_driver_will_not_map_are_copied_saying_so(tiny_model, monkeypatch, caplog):
-    from edgekv.cuda.driver import CudaError
-
-    device = EmulatedDevice(integrated=True)
-    refuse = device.driver.register_host
-
-    def register(address, nbytes, read_only=True):
-        if read_only:
-            raise CudaError("cuMemHostRegister failed: CUDA_ERROR_NOT_SUPPORTED")
-        return refuse(address, nbytes, read_only)
-
-    monkeypatch.setattr(device.driver, "register_host", register)
-    path = tiny_model("llama", "Q8_0", **WIDE)
-    model = load(path, backend=CUDABackend(device))
-    assert not model.network.layers[0].wq.buf.mapped
-    assert sum("copying them to the GPU" in r.message for r in caplog.records) == 1
-    got = model.session(n_ctx=32).eval([1, 2, 3], all_logits=True)
-    want = load(path, backend="cpu").session(n_ctx=32).eval([1, 2, 3], all_logits=True)
-    assert relative_error(got, want) < 2e-2
-
-
-def test_a_sessions_rings_are_unregistered_when_it_goes(tiny_model):
-    model = cuda_model(tiny_model("llama"))
-    driver = model.backend.device.driver
-    s = model.session(n_ctx=32)
-    s.eval([1, 2, 3])
-    rings = {a.ctypes.data for a in s.cache.k + s.cache.v + s.cache.pos}
-    assert rings <= {start for start, _ in driver.registered}
-    del s
-    gc.collect()
-    assert not rings & {start for start, _ in driver.registered}  # a later allocation may take those pages
-
-
-def test_device_memory_goes_with_the_session_and_the_model_that_own_it(tiny_model):
-    backend = CUDABackend(EmulatedDevice(integrated=False))  # discrete: the weights are uploaded
-    device, path = backend.device, tiny_model("llama")
-    assert device.allocated() == 0
-    model = load(path, backend=backend)
-    loaded = device.allocated()
-    assert loaded > 0  # the uploaded weights
-
-    def a_session_comes_and_goes(model) -> int:
-        s = model.session(n_ctx=32)
-        s.eval([1, 2, 3])
-        s.eval([4])
-        held = device.allocated()
-        del s
-        gc.collect()
-        backend.synchronize()
-        return held
-
-    held = a_session_comes_and_goes(model)
-    after = device.allocated()
-    assert after < held  # its activations went with it
-    assert a_session_comes_and_goes(model) == held and device.allocated() == after  # and nothing piles up
-    del model
-    gc.collect()
-    backend.synchronize()
-    staging = sum(buf.nbytes for buf in backend._staging.values())  # the backend's own, reused by every model
-    assert device.allocated() == staging and len(device.driver._memory) == len(backend._staging)
-
-
-def test_a_model_too_large_for_the_gpu_is_a_clear_error_or_with_auto_runs_on_the_cpu(tiny_model, monkeypatch,
-                                                                                        capfd):
-    from edgekv import backends
-    from edgekv.errors import GpuOutOfMemory
-
-    path = tiny_model("llama")
-    backend = CUDABackend(EmulatedDevice(integrated=False))  # discrete: the weights are uploaded
-    driver = backend.device.driver
-    driver.capacity = 64 << 10  # 64 KiB of GPU memory
-    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: .* MiB asked, 0 MiB of "
-                                             r"8.0 GiB free; use a smaller model.*--backend cpu"):
-        load(path, backend=backend)  # asked for by name: the error
-    monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
-    monkeypatch.setattr(backends, "_auto", lambda: "cuda")  # a machine whose probe found this GPU usable
-    monkeypatch.setitem(backends._made, "cuda", backend)
-    monkeypatch.setattr(backends, "_auto_said", False)
-    monkeypatch.setattr(backends, "_cuda_failed", None)
-    capfd.readouterr()
-    model = load(path)  # left to auto
-    err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "CUDA cannot be used: the GPU (Emulated GPU) is out of memory" in err[0] \
-        and err[0].endswith("running on the CPU")
-    assert model.backend.name == "cpu" and backends.resolve_backend_name() == "cpu"
-    want = load(path, backend="cpu").session(n_ctx=32).eval([1, 2, 3])
-    np.testing.assert_array_equal(model.session(n_ctx=32).eval([1, 2, 3]), want)
-    gc.collect()
-    backend.synchronize()
-    assert driver.allocated() == sum(b.nbytes for b in backend._staging.values())  # the weights that fit went
-
-
 def test_warmup_on_a_gpu_builds_the_cuda_backend_and_the_cpu_kernels_its_host_work_runs(monkeypatch, tmp_path,
                                                                                          capsys):
     from edgekv import backends
@@ -560,50 +381,6 @@ def test_warmup_on_a_gpu_builds_the_cuda_backend_and_the_cpu_kernels_its_host_wo
     err = capsys.readouterr().err
     assert made == ["cuda"] and "compiling the cuda backend's kernels for this GPU" in err
     assert "kernels already compiled" in err  # the cpu kernels were warm
-
-
-@pytest.mark.parametrize("integrated", [True, False])
-def test_edgekv_mem_plans_the_context_loading_on_the_gpu_gets_and_says_what_the_gpu_holds(
-        tiny_model, integrated, monkeypatch, capsys):
-    from edgekv import Llama, backends, context
-    from edgekv.cli import main
-    from edgekv.context import weight_bytes
-    from edgekv.gguf import GGUFFile
-
-    monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
-    monkeypatch.setattr("edgekv.memory.free_memory", lambda: None)  # mem's own reading: no host budget
-    monkeypatch.setattr(backends, "_why_not_cuda", lambda: None)  # a machine whose GPU the probe accepts
-
-    def gpu(name):
-        backend = CUDABackend(EmulatedDevice(integrated))
-        backend.device.driver.capacity = 3 << 20  # 3 MiB: the GPU, not the host, bounds the context
-        return backend
-
-    monkeypatch.setattr(backends, "_make", gpu)
-    monkeypatch.setattr(backends, "_made", {})
-    path = str(tiny_model("llama", n_ctx=1 << 16))  # trained long: the memory, not the model, bounds the context
-    assert main(["mem", "-m", path, "-p", "8", "-n", "-1", "--backend", "cuda"]) == 0
-    out = capsys.readouterr().out
-    n_ctx = int(out.split("n_ctx:")[1].split()[0])
-    weights = weight_bytes(GGUFFile(path))
-    if integrated:
-        assert "(integrated: shares the host's memory)" in out and "no copy of its own" in out
-        assert "budget from:     no budget" in out  # the rings are the host's: no GPU figure
-        return
-    free = int(3 << 20) - backends._made["cuda"].device.driver.allocated()
-    budget = int(out.split("KV budget:")[1].split("bytes")[0].replace(",", ""))
-    assert budget == (free - weights) // 2
-    assert "budget from:     half the GPU's free memory once the weights are on it" in out
-    assert "reason" not in out and "memory budget" in out.split("n_ctx:")[1].split("\n")[0]
-    kv = int(out.split("KV cache total:")[1].split("bytes")[0].replace(",", ""))
-    held = int(out.split("gpu holds:")[1].split("bytes")[0].replace(",", ""))
-    assert kv <= budget and held > weights + kv and "gpu fit" not in out
-    llm = Llama(path, n_ctx="auto", n_batch=512, backend=gpu("cuda"), verbose=False)
-    vectors = sum(int(t.data.nbytes) for t in GGUFFile(path).tensors.values() if len(t.shape) == 1)
-    assert 0 <= llm._ctx.mem_budget - budget <= vectors // 2  # the norm vectors go up at the first step
-    assert llm._ctx._cap == n_ctx  # loading's plan: the one mem printed
-    assert main(["mem", "-m", path, "-c", str(2 * n_ctx), "--backend", "cuda"]) == 0  # more than the GPU holds
-    assert "gpu fit:         no: " in capsys.readouterr().out
 
 
 def test_a_cache_type_the_kernels_lack_is_an_error_not_an_empty_ring(tiny_model, monkeypatch):
