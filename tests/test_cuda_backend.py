@@ -399,3 +399,20 @@ def test_a_benchmark_on_the_gpu_says_cuda_where_llama_bench_does(tiny_model):
     gpu = run_test(cuda_model(tiny_model("llama")), test, 1).record()
     cpu = run_test(load(tiny_model("llama"), backend="cpu"), test, 1).record()
     assert (gpu["backends"], cpu["backends"]) == ("CUDA", "numba") and gpu["n_gen"] == 4
+
+
+def test_n_gpu_layers_below_the_layer_count_offloads_the_whole_model_saying_so(tiny_model, monkeypatch, capfd):
+    from edgekv import Llama, backends
+
+    monkeypatch.setattr(backends, "_auto", lambda: "cuda")  # a machine whose GPU auto takes
+    monkeypatch.setattr(backends, "_make", lambda name: CUDABackend(EmulatedDevice()))
+    monkeypatch.setattr(backends, "_made", {})
+    path = str(tiny_model("llama", n_layers=4))
+    llm = Llama(path, n_ctx=32, n_gpu_layers=2, verbose=False)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert llm._model.backend.name == "cuda"
+    assert err == ["edgekv: n_gpu_layers=2: edgekv offloads whole models, so all 4 layers run on the GPU "
+                   "(n_gpu_layers=0 keeps them all on the CPU)"]
+    for n in (-1, 4, 99):  # all of them: nothing to say
+        Llama(path, n_ctx=32, n_gpu_layers=n, verbose=False)
+    assert capfd.readouterr().err == ""

@@ -34,7 +34,7 @@ from ..loader import load
 from ..sampling import LogitsProcessor, Sampler, sampler_for
 from ..session import Session
 from ..text.chat_format import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatFormatter
-from ..backends import offload_choice
+from ..backends import offload_choice, say_whole_offload
 from .compat import check_compat, check_options, log_to_stderr, set_threads
 from .completions import CompletionsMixin
 from .context_growth import ContextManager
@@ -75,8 +75,10 @@ class Llama(CompletionsMixin, StateMixin):
         None: EDGEKV_BACKEND, default auto (CUDA where a GPU is usable, else the CPU).
         n_gpu_layers (llama-cpp-python's), with backend auto: 0 keeps the model on the CPU;
         nonzero asks for the GPU, and where CUDA cannot run, one line on stderr says why and
-        the model runs on the CPU (offload is whole-model: any nonzero value); unset: auto."""
-        backend = offload_choice(backend, options.pop("n_gpu_layers", None))
+        the model runs on the CPU (offload is whole-model: a value below the layer count
+        offloads them all, saying so in one line); unset: auto."""
+        n_gpu_layers = options.pop("n_gpu_layers", None)
+        backend = offload_choice(backend, n_gpu_layers)
         check_options(options)
         if verbose:
             log_to_stderr()
@@ -87,6 +89,7 @@ class Llama(CompletionsMixin, StateMixin):
         self.logits_all = logits_all
         self._seed = seed
         self._model = load(model_path, backend)  # logs the system_info line when verbose
+        say_whole_offload(self._model, n_gpu_layers)
         self.tokenizer_ = self._model.tokenizer
         self._ctx = ContextManager(self._model, n_ctx, n_batch, mem_budget, cache_type_k=cache_type_k,
                                    cache_type_v=cache_type_v, context_shift=context_shift, n_keep=n_keep,

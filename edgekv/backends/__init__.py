@@ -65,6 +65,16 @@ def offload_choice(backend: str | Backend | None, n_gpu_layers: int | None) -> s
     return backend
 
 
+def say_whole_offload(model, n_gpu_layers: int | None) -> None:
+    """One line on stderr where n_gpu_layers asked for part of the model on the GPU (0 <
+    n_gpu_layers < its layers) and the model went to the GPU: edgekv offloads whole models
+    (llama-cpp-python would have put only those layers there)."""
+    n_layers = model.hp.n_layers
+    if model.backend.name == "cuda" and n_gpu_layers is not None and 0 < n_gpu_layers < n_layers:
+        print(f"edgekv: n_gpu_layers={n_gpu_layers}: edgekv offloads whole models, so all {n_layers} layers run "
+              "on the GPU (n_gpu_layers=0 keeps them all on the CPU)", file=sys.stderr)
+
+
 _offload_said = False  # the fallback line is printed once per process
 _auto_said = False
 _cuda_failed: str | None = None  # why making the CUDA backend failed in this process (auto then runs on the CPU)
@@ -155,4 +165,4 @@ def _make(name: str) -> Backend:
 
 
 __all__ = ["BACKENDS", "Backend", "DeviceMemory", "LayerView", "available_backends", "cpu_instead", "get_backend",
-           "offload_choice", "resolve_backend_name"]
+           "offload_choice", "resolve_backend_name", "say_whole_offload"]
