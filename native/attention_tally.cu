@@ -1,4 +1,4 @@
-// The `keep` overflow policy's attention tallies (ek_attention.cuh: ek_attend_stats,
+// The `keep` overflow policy's attention tallies (ek_attention.cuh: ek_attend_slots' {m, l},
 // ek_tally_slot), after a layer's attention, with the same ring arguments as ek_attention.
 // ek_attention_stats: grid = (n_heads, n_tok), blockDim.x = 32; stats f32[n_tok, n_heads, 2].
 // ek_attention_tally: grid = (ceil(cap / 4), n_kv), blockDim.x = 128, a warp per slot;
@@ -15,10 +15,10 @@ extern "C" __global__ void ek_attention_stats(const float* __restrict__ q, const
                                               float* __restrict__ stats) {
     const int h = blockIdx.x, t = blockIdx.y, kv = h / (n_heads / n_kv);
     const ek_attend_args a = {q + ((ek_u64)t * n_heads + h) * hd_k, k + (ek_u64)kv * cap * row_bytes_k,
-                              v + (ek_u64)kv * cap * row_bytes_v, slot_pos, *n_slots, q_pos[t], window, type_k,
-                              type_v, hd_k, hd_v, row_bytes_k, row_bytes_v, scale, nullptr,
+                              v, slot_pos, *n_slots, q_pos[t], window, type_k, type_v, hd_k, 0, row_bytes_k,
+                              row_bytes_v, scale, stats + ((ek_u64)t * n_heads + h) * 2,
                               sink + (ek_u64)kv * n_sinks * hd_k, n_sinks};
-    ek_attend_stats(ek_warp(), a, stats + ((ek_u64)t * n_heads + h) * 2);
+    ek_attend_slots(ek_warp(), a, 0, *n_slots, true);  // hd_v = 0: the record is {m, l}
 }
 
 extern "C" __global__ void ek_attention_tally(const float* __restrict__ q, const int* __restrict__ q_pos,

@@ -44,24 +44,27 @@ struct ek_attend_args {
     int n_sinks;
 };
 
+// dim d of a cached key: its f32 sink row where it has one (a calibrated K type's first
+// positions: sink_row not null), else its ring row in the cache type
+EK_HD float ek_key(int type_k, const ek_u8* k_row, const float* sink_row, int d) {
+    return sink_row ? sink_row[d] : ek_kv_element(type_k, k_row, d);
+}
+
+// the sink row of a slot holding position p, or null
+EK_HD const float* ek_sink_row(const float* sink, int n_sinks, int hd_k, int p) {
+    return p >= 0 && p < n_sinks ? sink + (ek_u64)p * hd_k : nullptr;
+}
+
 // the score of slot s (visible or not): q . K[s] * scale, q this lane's dims of the query
 template <class W>
 EK_HD float ek_score(const W& w, const ek_attend_args& a, const float* q, int s) {
     constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
-    const int p = a.slot_pos[s];
+    const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
+    const float* sink_row = ek_sink_row(a.sink, a.n_sinks, a.hd_k, a.slot_pos[s]);
     float part = 0.0f;
-    if (p < a.n_sinks) {
-        const float* sink_row = a.sink + (ek_u64)p * a.hd_k;
-        for (int i = 0; i < per_lane; ++i) {
-            const int d = w.lane() + i * W::lanes;
-            if (d < a.hd_k) part += q[i] * sink_row[d];
-        }
-    } else {
-        const ek_u8* k_row = a.k + (ek_u64)s * a.row_bytes_k;
-        for (int i = 0; i < per_lane; ++i) {
-            const int d = w.lane() + i * W::lanes;
-            if (d < a.hd_k) part += q[i] * ek_kv_element(a.type_k, k_row, d);
-        }
+    for (int i = 0; i < per_lane; ++i) {
+        const int d = w.lane() + i * W::lanes;
+        if (d < a.hd_k) part += q[i] * ek_key(a.type_k, k_row, sink_row, d);
     }
     return w.sum(part) * a.scale;
 }
@@ -150,38 +153,16 @@ EK_HD void ek_attend_merge(const W& w, const float* parts, int n_parts, int hd_v
 
 // The `keep` policy's tallies (edgekv/heavy_hitters.py): each slot's softmax weight, summed
 // over the queries and the query heads of its KV head. Two passes, since a weight needs its
-// row's whole sum: ek_attend_stats writes each (query, head)'s {m, l} over the visible
-// slots, then ek_tally_slot sums exp(score - m) / l for one slot, its K row read once.
-
-// {m, l} of one query head over slots [0, n_slots): the largest score and sum of exp(score - m)
-template <class W>
-EK_HD void ek_attend_stats(const W& w, const ek_attend_args& a, float* ml) {
-    constexpr int per_lane = (EK_MAX_HEAD_DIM + W::lanes - 1) / W::lanes;
-    float q[per_lane];
-    for (int i = 0; i < per_lane; ++i) {
-        const int d = w.lane() + i * W::lanes;
-        q[i] = d < a.hd_k ? a.q[d] : 0.0f;
-    }
-    float m = EK_NO_SCORE, l = 0.0f;
-    for (int s = 0; s < a.n_slots; ++s) {
-        if (!ek_visible(a.slot_pos[s], a.qp, a.window)) continue;
-        const float score = ek_score(w, a, q, s);
-        const float m_new = score > m ? score : m;
-        l = l * w.exp(m - m_new) + w.exp(score - m_new);
-        m = m_new;
-    }
-    if (w.lane() == 0) {
-        ml[0] = m;
-        ml[1] = l;
-    }
-}
+// row's whole sum: each (query, head)'s {m, l} over the visible slots (ek_attend_slots'
+// partial record with no V dims: hd_v = 0), then ek_tally_slot sums exp(score - m) / l for
+// one slot, its K row read once.
 
 struct ek_tally_args {
     const float* q;         // [n_tok, n_heads, hd_k]
     const int* q_pos;       // [n_tok]
     const ek_u8* k;         // [cap, row_bytes_k]: the KV head's K rows
     const int* slot_pos;    // [cap]
-    const float* stats;     // [n_tok, n_heads, 2]: ek_attend_stats' {m, l}
+    const float* stats;     // [n_tok, n_heads, 2]: each head's {m, l} over the visible slots
     int n_tok, n_heads, group, kv, window, type_k, hd_k, row_bytes_k;
     float scale;
     const float* sink;      // as ek_attend_args'
@@ -196,9 +177,10 @@ EK_HD float ek_tally_slot(const W& w, const ek_tally_args& t, int s) {
     if (p < 0) return 0.0f;
     float key[per_lane];
     const ek_u8* k_row = t.k + (ek_u64)s * t.row_bytes_k;
+    const float* sink_row = ek_sink_row(t.sink, t.n_sinks, t.hd_k, p);
     for (int i = 0; i < per_lane; ++i) {
         const int d = w.lane() + i * W::lanes;
-        key[i] = d >= t.hd_k ? 0.0f : p < t.n_sinks ? t.sink[(ek_u64)p * t.hd_k + d] : ek_kv_element(t.type_k, k_row, d);
+        key[i] = d < t.hd_k ? ek_key(t.type_k, k_row, sink_row, d) : 0.0f;
     }
     float sum = 0.0f;
     for (int tok = 0; tok < t.n_tok; ++tok) {

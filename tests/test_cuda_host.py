@@ -116,9 +116,9 @@ def host(tmp_path_factory):
             for (int t = 0; t < n_tok; ++t)
                 for (int h = 0; h < n_heads; ++h) {
                     ek_attend_args a = {q + (t * n_heads + h) * hd_k, k + (h / group) * cap * row_bytes_k, k,
-                                        slot_pos, n_slots, q_pos[t], window, type_k, type_k, hd_k, hd_k,
-                                        row_bytes_k, row_bytes_k, scale, nullptr};
-                    ek_attend_stats(ek_one_lane(), a, stats + (t * n_heads + h) * 2);
+                                        slot_pos, n_slots, q_pos[t], window, type_k, type_k, hd_k, 0,
+                                        row_bytes_k, row_bytes_k, scale, stats + (t * n_heads + h) * 2};
+                    ek_attend_slots(ek_one_lane(), a, 0, n_slots, true);
                 }
             for (int kv = 0; kv < n_kv; ++kv)
                 for (int s = 0; s < n_slots; ++s) {
