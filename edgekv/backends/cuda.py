@@ -91,7 +91,7 @@ class CUDABackend(Backend):
         self.device.load_kernels()  # a compile error here, not mid-step (auto then takes the CPU)
         self.host = CPUBackend("cpu", use_int8dot=True)  # for operations on host arrays
         self._staging: dict[str, Buffer] = {}  # growing device buffers for a step's temporaries
-        self._vectors: dict[int, tuple[weakref.ref, Buffer]] = {}  # host vector id -> (it, its device copy)
+        self._vectors: dict[tuple[int, int, int], tuple[weakref.ref, Buffer]] = {}  # vector(): -> (owner, copy)
         self._retired: list[Buffer] = []  # staging buffers replaced while a capture ran
         self.inputs = HostInputs(self.device)  # an eager step's inputs (a captured step has its own)
         self._eager_inputs = self.inputs
@@ -164,14 +164,18 @@ class CUDABackend(Backend):
             buf = self._staging[name] = self.device.alloc(max(nbytes, 256))
         return buf
 
-    def vector(self, v: np.ndarray) -> Buffer:
-        """A model's f32 vector (norm weight, bias) on the device, copied once and given back
-        when the host vector goes (with its model)."""
-        key = id(v)
+    def vector(self, v: np.ndarray, owner: np.ndarray | None = None) -> Buffer:
+        """A read-only f32 array (norm weight, bias, a key map's row) on the device, copied once
+        and given back when `owner` goes: v itself by default (a model's vectors go with their
+        model); a view handed out anew each step (cache.layer_view's key-map rows) names the
+        array it views, which must not be written in place. Keyed by owner and memory."""
+        owner = v if owner is None else owner
+        key = (id(owner), v.ctypes.data, v.nbytes)
         hit = self._vectors.get(key)
-        if hit is None or hit[0]() is not v:
-            hit = self._vectors[key] = (weakref.ref(v), self.device.upload(np.ascontiguousarray(v, np.float32), owner=v))
-            weakref.finalize(v, self._vectors.pop, key, None)
+        if hit is None or hit[0]() is not owner:
+            buf = self.device.upload(np.ascontiguousarray(v, np.float32), owner=owner)
+            hit = self._vectors[key] = (weakref.ref(owner), buf)
+            weakref.finalize(owner, self._vectors.pop, key, None)
         return hit[1]
 
     def launch(self, kernel: str, launch: shape.Launch, *args) -> None:

@@ -21,7 +21,7 @@ head)'s softmax {m, l} (ek_attention_stats), then each slot's weight summed over
 and its KV head's query heads, added by the one warp that owns the slot (ek_attention_tally).
 
 A calibrated K type (iq4_cal): keys and queries through the layer's key map before the
-rotation (ek_key_map; the map's rows copied to the device once), and the stored K of the
+rotation (ek_key_map; the map's rows copied to the device once: CUDABackend.vector), and the stored K of the
 first positions also in f32 rows (cache.SINKS; mapped host memory, as the tallies), which
 attention reads instead of their quantized rows (ek_keep_sinks, the attention kernels' sink).
 """
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..cuda.arrays import DeviceArray
+from ..cuda.arrays import DeviceArray, viewed_array
 from ..cuda.runtime import Buffer
 from ..errors import EdgeKVError
 from ..quants import row_nbytes
@@ -55,7 +55,6 @@ class RingAttention:
         # unregistered (runtime.Device.host_pointer), not kept alive here
         self._pointers: dict[int, tuple[weakref.ref, int]] = {}
         self._resident: dict[int, tuple[weakref.ref, Buffer]] = {}  # id(K/V ring) -> its device copy
-        self._constants: dict[tuple[int, int, int], tuple[weakref.ref, Buffer]] = {}  # see constant()
 
     def pointer(self, a: np.ndarray) -> int:
         """The device address of a ring array (registered on first sight; writable: the
@@ -165,26 +164,11 @@ class RingAttention:
     def map_keys(self, layer: LayerView, q: DeviceArray, k: DeviceArray) -> None:
         """A calibrated K type's map (row_transforms.KeyMap): keys (k - mean) * scale, queries
         q / scale, per KV head and dim."""
-        mean, scale = self.constant(layer.key_mean), self.constant(layer.key_scale)
+        mean, scale = (self.backend.vector(row, owner=viewed_array(row)) for row in (layer.key_mean, layer.key_scale))
         n_kv, hd = k.shape[1], k.shape[2]
         self.backend.launch("ek_key_map", shape.elementwise(k.size), k, mean, scale, k.size, n_kv, 1, hd, 0)
         self.backend.launch("ek_key_map", shape.elementwise(q.size), q, mean, scale, q.size, n_kv,
                             q.shape[1] // n_kv, hd, 1)
-
-    def constant(self, view: np.ndarray) -> Buffer:
-        """A read-only f32 array on the device, copied once: one layer's row of an array that
-        is never written in place (a KeyMap's), held while that array lives. Keyed by the
-        memory, since cache.layer_view hands out a new view of it each step."""
-        root = view
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        key = (id(root), view.ctypes.data, view.nbytes)
-        hit = self._constants.get(key)
-        if hit is None or hit[0]() is not root:
-            buf = self.backend.device.upload(np.ascontiguousarray(view, np.float32), owner=root)
-            hit = self._constants[key] = (weakref.ref(root), buf)
-            weakref.finalize(root, self._constants.pop, key, None)
-        return hit[1]
 
     def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:
         """A context shift's K rows re-rotated in the ring by ek_kv_shift (CUDABackend.shift_ring)."""

@@ -79,5 +79,12 @@ def page_aligned(shape, dtype, fill=0) -> np.ndarray:
     return out
 
 
+def viewed_array(a: np.ndarray) -> np.ndarray:
+    """The array whose memory a view (of a view ...) of it is: a itself when it is no view."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def is_page_aligned(a: np.ndarray) -> bool:
     return a.ctypes.data % PAGE == 0

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import programs
-from .arrays import PAGE, DeviceArray, page_aligned
+from .arrays import PAGE, DeviceArray, page_aligned, viewed_array
 from ..errors import GpuOutOfMemory
 from .driver import ERROR_OUT_OF_MEMORY, CudaError, DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
@@ -218,9 +218,7 @@ def _region(array: np.ndarray) -> tuple[int, int, object]:
     must hold it (a view of a page_aligned array: the page_aligned array's own, so that views
     of it, such as one layer's row of the `keep` tallies, share one registration); owner is
     the object whose end frees them."""
-    root = array
-    while isinstance(root.base, np.ndarray):
-        root = root.base
+    root = viewed_array(array)
     mapping = root.base.obj if isinstance(root.base, memoryview) else root.base
     if isinstance(mapping, mmap.mmap):
         return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping), mapping
