@@ -263,6 +263,12 @@ def budget_from(avail: int | None, weight_bytes: int) -> int | None:
     return max(0, avail // 2 - int(weight_bytes))
 
 
+def within_device(host: int | None, device: int | None) -> int | None:
+    """The KV budget where a backend's device also holds the rings (Backend.kv_memory_limit,
+    None: it does not): the smaller of the two; None where neither bounds it."""
+    return host if device is None else device if host is None else min(host, device)
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

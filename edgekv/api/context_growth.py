@@ -81,8 +81,7 @@ class ContextManager:
     def _budget(self, mem_budget: int | str | None) -> int | None:
         if mem_budget is None:
             host = ctxplan.default_mem_budget(ctxplan.weight_bytes(self.model.gguf))
-            device = self.model.backend.kv_memory_limit()  # a discrete GPU holds the rings too
-            return host if device is None else device if host is None else min(host, device)
+            return ctxplan.within_device(host, self.model.backend.kv_memory_limit())  # a discrete GPU holds the rings
         if isinstance(mem_budget, str):
             return ctxplan.parse_size(mem_budget)
         if isinstance(mem_budget, bool) or not isinstance(mem_budget, (int, np.integer)) or mem_budget < 0:

@@ -2,7 +2,8 @@
 
 What lives here: the command's options (llama.cpp's -c, -ctk, -ctv, -b, plus -p/-n as
 token counts for the "auto" context, --layer-window, --mem-budget and --backend: on a
-discrete GPU the auto context also fits the GPU's memory) and printing the report. What does not: the planning (context.py), the report's arithmetic (mem_report.py).
+discrete GPU the auto context also fits the GPU's memory) and printing the report. What
+does not: the planning (context.py), the report's arithmetic (mem_report.py).
 """
 
 from __future__ import annotations
@@ -77,11 +78,10 @@ def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None
     source = ("no budget: the free memory cannot be read here" if free is None else
               f"half of {free} minus the weights")
     device = backend.kv_memory_limit(weights)  # a discrete GPU holds the rings (and the weights) too
+    chosen = context.within_device(budget, device)
     if device is None:
-        return budget, source
+        return chosen, source
     gpu = f"half the GPU's free memory once the weights are on it ({context.format_bytes(device)})"
     if budget is None:
-        return device, gpu
-    if device < budget:
-        return device, gpu + f", less than {source}"
-    return budget, source + f", less than {gpu}"
+        return chosen, gpu
+    return chosen, (gpu + f", less than {source}" if device < budget else source + f", less than {gpu}")
