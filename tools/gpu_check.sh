@@ -33,8 +33,7 @@ if [ "${1:-}" = --prepare ] || [ "${1:-}" = --fetch-wheels ]; then
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "${NEEDED[@]}"
-    for m in smollm2-135m-instruct gemma3-270m; do
-        "$PY" -m edgekv pull "$m" >/dev/null
+    for m in smollm2-135m-instruct gemma3-270m; do  # resolve_model fetches a model not yet here
         "$PY" tools/model_twin.py header "$("$PY" -c "from edgekv.catalog import resolve_model; print(resolve_model('$m'))")" \
             ".gpu_models/$m.header"
     done
