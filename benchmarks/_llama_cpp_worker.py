@@ -7,7 +7,7 @@ attention, a ggml threadpool attached), its warm-up, and timing one repetition a
 clear the memory, restore the depth prefix (evaluated once, then kept as sequence state),
 then evaluate n_prompt random ids in n_batch chunks (pp) or decode n_gen ids one by one
 (tg). The ids are drawn before the clock starts. What does not: statistics and output
-(the caller's, through edgekv/bench.py).
+(the caller's, through edgekv/lab/bench.py).
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on stdout:
   {"op": "load", "model": PATH}          -> {"ok": true, "model_type", "model_size", "model_n_params", "version"}

@@ -1,6 +1,6 @@
 """edgekv beside llama.cpp on the same GGUF and settings, measured in one run (issues 4, 19).
 
-Both sides time llama-bench's tests the llama-bench way: edgekv through edgekv/bench.py
+Both sides time llama-bench's tests the llama-bench way: edgekv through edgekv/lab/bench.py
 (what `edgekv bench` runs), llama.cpp through llama-cpp-python's low-level API in
 _llama_cpp_worker.py, a subprocess of the interpreter that has `llama_cpp` (edgekv's venv
 need not). The two alternate repetition by repetition (edgekv, llama.cpp, edgekv, ...) so
@@ -77,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def planned_tests(name: str, args: argparse.Namespace, n_ctx_train: int) -> list:
     """The BenchTests for one model: its targets, as selected by --tests; a depth beyond the
     trained context is run at the deepest that fits (once)."""
-    from edgekv.bench import BenchTest
+    from edgekv.lab.bench import BenchTest
 
     wanted = [kind for kind in TARGETS.get(name, ("pp", "tg")) if kind in args.tests.split(",")]
     tests = []
@@ -125,7 +125,7 @@ class LlamaCppWorker:
 
 def measure(model, worker: LlamaCppWorker, test, repetitions: int, flash_attn: str) -> tuple[list, list]:
     """Warm both engines up, then alternate: one edgekv repetition, one llama.cpp repetition, ..."""
-    from edgekv.bench import BenchRunner
+    from edgekv.lab.bench import BenchRunner
 
     runner = BenchRunner(model, test)
     worker.call("open", n_prompt=test.n_prompt, n_gen=test.n_gen, n_depth=test.n_depth, n_batch=test.n_batch,
@@ -148,7 +148,7 @@ def md_row(name: str, ours, theirs) -> str:
 
 
 def compare(args: argparse.Namespace, python: str) -> list[dict]:
-    from edgekv.bench import BenchResult, ModelInfo, check_tests, now_rfc3339
+    from edgekv.lab.bench import BenchResult, ModelInfo, check_tests, now_rfc3339
     from edgekv.catalog import resolve_model
     from edgekv.kernels.config import max_threads
     from edgekv.loader import load

@@ -4,7 +4,7 @@ Each codec is tried by fake quantization: the session keeps an f32 cache, and ev
 row the backend stores is first encoded and decoded by the codec in NumPy (so a codec is
 judged before any kernel is written). Quality is the mean KL divergence of the next-token
 distributions from an f16 cache's and the same-top %, over the first --chunks chunks of the
-text at -c 512 with the perplexity method's cuts (edgekv/perplexity.py). Calibrated codecs
+text at -c 512 with the perplexity method's cuts (edgekv/lab/perplexity.py). Calibrated codecs
 take their statistics (per layer and KV head: the mean of K, the second moments of K, Q and V)
 from one pass over --calib, a different text (default: the README).
 
@@ -41,12 +41,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgekv.row_transforms import hadamard  # noqa: E402
+from edgekv.kernels.rows import hadamard  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
-from edgekv.kv_report import kl_divergence, log_softmax  # noqa: E402
+from edgekv.lab.kv_report import kl_divergence, log_softmax  # noqa: E402
 from edgekv.loader import load  # noqa: E402
 from edgekv.system_info import machine_summary  # noqa: E402
-from edgekv.perplexity import chunk_logits  # noqa: E402
+from edgekv.lab.perplexity import chunk_logits  # noqa: E402
 
 IQ4_NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 SINKS = 4

@@ -34,10 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgekv import heavy_hitters  # noqa: E402
+from edgekv.kv import heavy_hitters  # noqa: E402
 from edgekv.catalog import resolve_model  # noqa: E402
 from edgekv.loader import load  # noqa: E402
-from edgekv.perplexity import token_nll  # noqa: E402
+from edgekv.lab.perplexity import token_nll  # noqa: E402
 from edgekv.system_info import machine_summary  # noqa: E402
 
 CODES = ("4817", "29361", "7053", "86124", "3390", "51748", "6602", "93175")

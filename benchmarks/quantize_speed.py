@@ -44,8 +44,8 @@ def timed(fn) -> float:
 
 def one_model(model: str, exe: str, reps: int, work: Path) -> list[str]:
     from edgekv.catalog import ensure_model
-    from edgekv.model_quantize import quantize_model
-    from edgekv.quantize_plan import Options
+    from edgekv.quantize.model import quantize_model
+    from edgekv.quantize.plan import Options
 
     src = work / f"{model}-F16.gguf"
     quantize_model(ensure_model(model), src, "F16", Options(allow_requantize=True), progress=False)

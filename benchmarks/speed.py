@@ -1,7 +1,7 @@
 """Prefill (pp) and decode (tg) tokens per second of the catalog models, beside llama.cpp's
 recorded figures.
 
-edgekv is measured exactly as `edgekv bench` measures it (edgekv/bench.py: llama-bench's
+edgekv is measured exactly as `edgekv bench` measures it (edgekv/lab/bench.py: llama-bench's
 tests on random ids, one warm-up, a depth prefix that is not timed). llama.cpp's figures
 are the ones in tests/reference/README.md (llama-bench -t 2 on a machine of the same
 class, on another day), so the ratio is a first indication; compare_llama_cpp.py measures
@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.t))  # before NumPy is imported
 
-    from edgekv.bench import BenchTest, run_test
+    from edgekv.lab.bench import BenchTest, run_test
     from edgekv.loader import load
     from edgekv.system_info import machine_summary
 

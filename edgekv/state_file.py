@@ -28,7 +28,7 @@ shape, offset, nbytes}). Arrays, with m_i live slots in layer i:
     v.{i}          u8[n_kv_heads, m_i, row_bytes_v]     their V rows, in cache_type_v
     ring           i64[2, n_layers]                     slots ever used, windowed rings' write pointer
     logits         f32[n_vocab]                         after the last token (absent if none)
-    key_mean       f32[n_layers, n_kv_heads, head_dim_k]  a calibrated K type's key map (row_transforms.KeyMap)
+    key_mean       f32[n_layers, n_kv_heads, head_dim_k]  a calibrated K type's key map (kv/key_map.KeyMap)
     key_scale      f32[n_layers, n_kv_heads, head_dim_k]  (these three only when cache_type_k is one)
     sink_k         f32[n_layers, n_kv_heads, SINKS, head_dim_k]  its sink rows (KVCache.sink_k)
     attention      f32[n_layers, n_kv_heads, n_tokens]  the attention each position received per
@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache import KeyMap
+from .kv.cache import KeyMap
 from .errors import StateFileError
 from .session import Session, SessionState
 

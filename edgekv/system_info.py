@@ -107,8 +107,8 @@ def model_info(model) -> dict[str, str]:
     what one token costs in the KV cache per cache type."""
     from gguf import GGMLQuantizationType as T
 
-    from .cache import CACHE_TYPES
-    from .mem_report import bytes_per_token_by_type
+    from .kv.cache import CACHE_TYPES
+    from .lab.mem_report import bytes_per_token_by_type
 
     hp, int8dot = model.hp, getattr(model.backend, "use_int8dot", False)
     counts = Counter(t.ggml_type for t in model.gguf.tensors.values() if len(t.shape) == 2)

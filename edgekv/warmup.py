@@ -5,7 +5,7 @@ a minute) and keeps the machine code in the kernel cache (kernels/jit_cache.py).
 runs every path a model can take, so the first real answer loads them instead: both
 architectures, every weight type, an f16 and a quantized cache, decode, short chunks
 (llama.cpp's 4-token and tiled orders), long chunks (the batch path), a context
-shift and the server's batched decode step, on tiny random models (tiny_model.py). On two or more cores the exact path and
+shift and the server's batched decode step, on tiny random models (testing/tiny_model.py). On two or more cores the exact path and
 the batch path compile side by side in two processes. A marker in the kernel
 cache records that this version's kernels are warm for this CPU and backend.
 """
@@ -41,7 +41,7 @@ DEEP_FILL, DEEP_CHUNK = 520, 8
 
 
 def work_items(path: str) -> list[tuple[str, str, str]]:
-    from .tiny_model import WEIGHT_TYPES
+    from .testing.tiny_model import WEIGHT_TYPES
 
     # the families on llama's graph add one kernel (qwen2's biases): one model compiles it
     extra = [("qwen2", "Q8_0", "exact"), ("llama", "Q8_0", "deep")] if path == "exact" else []
@@ -53,7 +53,7 @@ def run_item(arch: str, weight_type: str, path: str, backend: str, folder: str) 
     import numpy as np
 
     from .loader import load
-    from .tiny_model import make_tiny_model
+    from .testing.tiny_model import make_tiny_model
 
     t0 = time.perf_counter()
     file = Path(folder) / f"{arch}-{weight_type}-{path}.gguf"
@@ -77,10 +77,10 @@ def run_item(arch: str, weight_type: str, path: str, backend: str, folder: str) 
 
 
 def _decode_together(model, rng) -> None:
-    # the server's batched decode step (batch.py): two sessions' tokens in one pass
+    # the server's batched decode step (kv/batch.py): two sessions' tokens in one pass
     import numpy as np
 
-    from .batch import DecodeStep, decode_together
+    from .kv.batch import DecodeStep, decode_together
 
     net, n_vocab = model.network, model.hp.n_vocab
     sessions = [model.session(n_ctx=N_CTX["exact"]) for _ in range(2)]

@@ -10,7 +10,7 @@
 
 #define EK_ROPE_NEOX_MODE 2
 
-// x[0:hd] <- each run of r values times the symmetric r x r matrix h (row_transforms.rotate)
+// x[0:hd] <- each run of r values times the symmetric r x r matrix h (kernels/rows.rotate)
 EK_HD void ek_rotate_runs(float* x, int hd, const float* h, int r) {
     float tmp[EK_MAX_HEAD_DIM];
     for (int base = 0; base < hd; base += r) {

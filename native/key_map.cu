@@ -1,4 +1,4 @@
-// A calibrated K type (iq4_cal: edgekv/row_transforms.py KeyMap, cache.py SINKS), around a
+// A calibrated K type (iq4_cal: edgekv/kv/key_map.py KeyMap, kv/cache.py SINKS), around a
 // layer's K/V write. Element-wise, one thread per value (grid-stride loops).
 // ek_key_map: x f32[n_tok, n_kv * group, hd] in place; mean, scale f32[n_kv, hd], one layer's
 // map. Keys (queries = 0, group = 1): (x - mean) * scale, so that each channel fills the

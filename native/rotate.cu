@@ -1,4 +1,4 @@
-// The Walsh-Hadamard rotation a quantized cache stores K and V rows by (row_transforms.py):
+// The Walsh-Hadamard rotation a quantized cache stores K and V rows by (edgekv/kernels/rows.py):
 // every run of r values of x (f32, r a power of two <= 256) <- run @ h, h f32[r, r]. Queries
 // and keys are rotated on their way in, the attention output on its way out (h @ h = I).
 // One block of r threads per run: grid.x = the number of runs.

@@ -67,7 +67,7 @@ def tiny_model(tmp_path_factory):
     """tiny_model(arch="llama", weight_type="F32", **kw) -> Path of a cached tiny random GGUF."""
     made: dict = {}
     folder = tmp_path_factory.mktemp("tiny")
-    from edgekv.tiny_model import make_tiny_model as make
+    from edgekv.testing.tiny_model import make_tiny_model as make
 
     def factory(arch: str = "llama", weight_type: str = "F32", **kw) -> Path:
         key = (arch, weight_type, repr(sorted(kw.items())))

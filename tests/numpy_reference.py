@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.models import build_model
 
 
@@ -307,7 +307,7 @@ class ReferenceSession:
         return (self.mass / np.maximum(self.seen, 1)).max(axis=(0, 1))
 
     def heavy_hitter_evictions(self, n_keep: int, recent: int, n: int) -> np.ndarray:
-        """The `keep` choice as heavy_hitters.py describes it: of the tokens outside the n_keep
+        """The `keep` choice as kv/heavy_hitters.py describes it: of the tokens outside the n_keep
         first and the `recent` last, the n whose largest mean attention per query in any layer
         and KV head is the smallest (ties: the older)."""
         score = self.keep_scores()

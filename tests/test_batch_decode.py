@@ -1,4 +1,4 @@
-"""Batched decode (edgekv/batch.py): several sessions' next tokens in one forward pass give,
+"""Batched decode (edgekv/kv/batch.py): several sessions' next tokens in one forward pass give,
 row for row, the logits each session's own one-token pass gives (bit for bit), on both real
 models, over cache types, depths and windowed layers whose rings wrap; the reference is the
 plain Session.eval of each session alone."""
@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import pytest
 
-from edgekv.batch import DecodeStep, decode_together
+from edgekv.kv.batch import DecodeStep, decode_together
 from edgekv.loader import load
 from edgekv.models.base import Scratch
 

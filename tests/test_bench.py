@@ -1,4 +1,4 @@
-"""Tests for edgekv/bench.py and `edgekv bench` (and the test plan and worker protocol of
+"""Tests for edgekv/lab/bench.py and `edgekv bench` (and the test plan and worker protocol of
 benchmarks/compare_llama_cpp.py): the sweep is the cartesian product in llama-bench's order,
 each output format parses with llama-bench's fields, the counts and the statistics follow
 llama-bench's definitions, the clock covers exactly the tested tokens (never the depth
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import edgekv
-from edgekv import bench
-from edgekv.bench import BenchResult, BenchRunner, BenchTest, ModelInfo, bench_matrix, run_test
+from edgekv.lab import bench
+from edgekv.lab.bench import BenchResult, BenchRunner, BenchTest, ModelInfo, bench_matrix, run_test
 from edgekv.cli import main
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.loader import load
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

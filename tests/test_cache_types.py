@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv.cache import CACHE_TYPES, KVCache
+from edgekv.kv.cache import CACHE_TYPES, KVCache
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
 
@@ -66,7 +66,7 @@ def test_impossible_combination_is_refused_with_the_reason(tiny_model):
 
 
 def test_hadamard_rotation_is_orthonormal_and_undone():
-    from edgekv.row_transforms import hadamard, rotate
+    from edgekv.kernels.rows import hadamard, rotate
 
     h = hadamard(64)
     np.testing.assert_allclose(h @ h, np.eye(64), atol=1e-6)
@@ -128,7 +128,7 @@ def test_iq4_nl_rows_are_read_in_place_as_they_dequantize():
 
     from edgekv.kernels.attention_q import IQ4_NL_IN_PLACE, attention_rows
     from edgekv.kernels.config import max_threads
-    from edgekv.quants import quantize
+    from edgekv.gguf.quants import quantize
 
     assert IQ4_NL_IN_PLACE
     rng = np.random.default_rng(3)

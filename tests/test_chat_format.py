@@ -7,7 +7,7 @@ import pytest
 
 from edgekv.text.chat_format import ChatFormatter, fallback_template_name
 from edgekv.errors import ChatTemplateError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.text.tokenizer import Tokenizer
 
 SMOLLM2_KEY = "smollm2-135m-instruct-q4_1"

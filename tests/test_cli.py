@@ -17,7 +17,7 @@ from edgekv import Llama, catalog
 from edgekv.cli import main
 from edgekv.cli.run import process_escapes
 
-from edgekv import tiny_model as mtm  # noqa: E402
+from edgekv.testing import tiny_model as mtm  # noqa: E402
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog. Is it there? Yes, it is there. "
 PPL_RTOL = 1e-3  # chunked prefill vs one batch: logits agree to float rounding
 

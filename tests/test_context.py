@@ -1,4 +1,4 @@
-"""Tests for edgekv/context.py and `edgekv mem`: the "auto" context (input length, trained
+"""Tests for edgekv/kv/plan.py and `edgekv mem`: the "auto" context (input length, trained
 context and memory budget caps, each with its reason), per-layer capacities of
 sliding-window and --layer-window layers, the --layer-window and size syntax, SmolLM2's
 bytes per token per cache type, and the report of both real models against the bytes a
@@ -11,13 +11,13 @@ import re
 
 import pytest
 
-from edgekv import context
-from edgekv.cache import KVCache
+from edgekv.kv import plan as context
+from edgekv.kv.cache import KVCache
 from edgekv.cli import main
-from edgekv.context import (GLOBAL, REASON_BUDGET, REASON_INPUT, REASON_REQUESTED, REASON_TRAINED, SLIDING,
+from edgekv.kv.plan import (GLOBAL, REASON_BUDGET, REASON_INPUT, REASON_REQUESTED, REASON_TRAINED, SLIDING,
                             WINDOWED, parse_layer_windows, parse_size, plan_context)
 from edgekv.errors import EdgeKVError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.models.base import HParams
 
 KV_RTOL = 0.01  # the report's KV total vs KVCache.nbytes (the brief's bound; today they are equal)
@@ -198,7 +198,7 @@ def test_mem_on_gemma3(capsys, gemma3_path):
 
 def test_plan_windows_make_a_cache_of_the_planned_size(tiny_model):
     """The per-layer case: KVCache(windows=plan.windows, n_batch=plan.n_batch) allocates
-    exactly the planned capacities (cache.py's windowed rings)."""
+    exactly the planned capacities (kv/cache.py's windowed rings)."""
     hp = context.read_hparams(GGUFFile(tiny_model("gemma3")))
     plan = plan_context(hp, 100, 20, n_batch=16, layer_windows={5: 40}, cache_type_v="bf16")
     assert not plan.uniform and plan.windows == (8,) * 5 + (40, 8)

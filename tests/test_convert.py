@@ -24,7 +24,7 @@ from hf_checkpoints import TINY, real_checkpoint, tiny_checkpoint
 
 from edgekv.cli import main
 from edgekv.errors import ConvertError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.hf.convert import convert
 
 REAL = ("smollm2-135m-instruct", "gemma3-270m")

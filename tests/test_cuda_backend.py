@@ -183,7 +183,7 @@ def test_a_state_restored_into_the_cache_is_attended_on_the_device(tiny_model):
 
 @pytest.mark.parametrize("arch, integrated", [("llama", True), ("llama", False), ("gemma3", False)])
 def test_keep_tallies_and_evicts_as_the_cpu_backend_does(tiny_model, arch, integrated):
-    # `keep` (heavy_hitters.py): the tallies in mapped memory, added to by ek_attention_tally
+    # `keep` (kv/heavy_hitters.py): the tallies in mapped memory, added to by ek_attention_tally
     # after each full-context layer (gemma3's sliding-window layers do not vote), in chunks,
     # in captured and replayed decode steps, and through evictions that move the slots
     path = tiny_model(arch, **WIDE, n_ctx=1024)
@@ -228,7 +228,7 @@ def test_a_calibrated_k_cache_follows_the_cpu_backend_and_its_state_file(tiny_mo
         return s, np.concatenate(out)
 
     def grow(s, model):  # n_ctx="auto" growth: a larger context's own key map, the rows re-coded on the host
-        from edgekv.kv_calibration import key_map_for
+        from edgekv.kv.calibration import key_map_for
 
         bigger = s.grown(64, key_map=key_map_for(model, "iq4_cal", 64))
         bigger.eval([7])
@@ -335,7 +335,7 @@ def test_a_graph_goes_with_its_cache_and_when_a_buffer_it_uses_grows(tiny_model)
 
 
 def test_sessions_decoding_together_match_their_solo_steps(tiny_model):
-    from edgekv.batch import DecodeStep, decode_together
+    from edgekv.kv.batch import DecodeStep, decode_together
 
     model = cuda_model(tiny_model("gemma3", "Q8_0", **WIDE))  # windowed layers: rings that wrap
     net = model.network
@@ -393,7 +393,7 @@ def test_a_cache_type_the_kernels_lack_is_an_error_not_an_empty_ring(tiny_model,
 
 
 def test_a_benchmark_on_the_gpu_says_cuda_where_llama_bench_does(tiny_model):
-    from edgekv.bench import BenchTest, run_test
+    from edgekv.lab.bench import BenchTest, run_test
 
     test = BenchTest(n_prompt=0, n_gen=4, n_depth=0, n_batch=8, n_threads=1, type_k="f16", type_v="f16")
     gpu = run_test(cuda_model(tiny_model("llama")), test, 1).record()

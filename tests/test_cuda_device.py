@@ -289,7 +289,7 @@ def test_mapped_weights_and_a_graph_replay_the_same_numbers(dev):
 
 @pytest.mark.parametrize("name", ["f16", "q8_0", "q4_0", "iq4_nl"])
 def test_a_context_shift_re_rotates_keys_on_the_device(dev, name):
-    from edgekv.row_transforms import rotation_for
+    from edgekv.kernels.rows import rotation_for
 
     rng = np.random.default_rng(13)
     n_kv, hd, cap, t = 2, 64, 8, CACHE_TYPES[name]

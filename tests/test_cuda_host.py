@@ -366,7 +366,7 @@ def test_attention_reads_the_sink_rows_for_the_first_positions(host):
 @pytest.mark.parametrize("type_k", ["f16", "q8_0", "iq4_nl"])
 @pytest.mark.parametrize("window", [0, 6])
 def test_keep_tallies_are_each_slots_softmax_weight_summed_over_queries_and_heads(host, type_k, window):
-    # heavy_hitters.py's tallies: per KV head and slot, the softmax weight it gets from every
+    # kv/heavy_hitters.py's tallies: per KV head and slot, the softmax weight it gets from every
     # query that sees it and every query head of its group, added to what the slot had
     rng = np.random.default_rng(21)
     n_tok, n_heads, n_kv, hd, cap, n_slots = 3, 6, 2, 64, 20, 17
@@ -400,7 +400,7 @@ def test_keep_tallies_are_each_slots_softmax_weight_summed_over_queries_and_head
 def test_a_context_shift_re_rotates_cached_keys_in_their_type(host, name, mode):
     # the row as the CPU cache stores it (a quantized type Hadamard-rotated), shifted by a
     # RoPE angle per pair, against float64: undo H, rotate the pairs, apply H, store
-    from edgekv.row_transforms import rotation_for
+    from edgekv.kernels.rows import rotation_for
 
     rng = np.random.default_rng(12)
     hd, t = 64, CACHE_TYPES[name]

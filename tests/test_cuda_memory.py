@@ -79,8 +79,9 @@ def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_devic
 
 @pytest.mark.parametrize("integrated", [True, False])
 def test_the_auto_context_on_a_discrete_gpu_fits_half_its_free_memory(tiny_model, integrated, monkeypatch):
-    from edgekv import Llama, context
-    from edgekv.context import default_mem_budget, weight_bytes
+    from edgekv import Llama
+    from edgekv.kv import plan as context
+    from edgekv.kv.plan import default_mem_budget, weight_bytes
 
     monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
     path = str(tiny_model("llama"))
@@ -203,13 +204,14 @@ def test_a_model_too_large_for_the_gpu_is_a_clear_error_or_with_auto_runs_on_the
 @pytest.mark.parametrize("integrated", [True, False])
 def test_edgekv_mem_plans_the_context_loading_on_the_gpu_gets_and_says_what_the_gpu_holds(
         tiny_model, integrated, monkeypatch, capsys):
-    from edgekv import Llama, backends, context
+    from edgekv import Llama, backends
+    from edgekv.kv import plan as context
     from edgekv.cli import main
-    from edgekv.context import weight_bytes
-    from edgekv.gguf import GGUFFile
+    from edgekv.kv.plan import weight_bytes
+    from edgekv.gguf.reader import GGUFFile
 
     monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
-    monkeypatch.setattr("edgekv.memory.free_memory", lambda: None)  # mem's own reading: no host budget
+    monkeypatch.setattr("edgekv.kv.memory.free_memory", lambda: None)  # mem's own reading: no host budget
     monkeypatch.setattr(backends, "_why_not_cuda", lambda: None)  # a machine whose GPU the probe accepts
 
     def gpu(name):

@@ -28,7 +28,7 @@ def _model(tiny_model, name: str):
         ref = DATA["families"][name]
         path = tiny_model(**ref["recipe"])
         assert hashlib.sha256(path.read_bytes()).hexdigest() == ref["sha256"], (
-            f"{name}: edgekv.tiny_model no longer writes the file llama.cpp was run on; "
+            f"{name}: edgekv.testing.tiny_model no longer writes the file llama.cpp was run on; "
             "regenerate tests/reference/tiny_families.json (tools/make_family_reference.py)")
         _models[name] = load(path)
     return _models[name]

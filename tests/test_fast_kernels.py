@@ -257,7 +257,7 @@ def test_in_place_cache_rows_against_dequantized_ones(name, ggml_type):
 
 
 def test_released_file_pages_read_back_the_same(smollm2_path):
-    from edgekv.gguf import GGUFFile
+    from edgekv.gguf.reader import GGUFFile
 
     g = GGUFFile(smollm2_path)
     info = g.tensor("blk.0.attn_q.weight")

@@ -8,7 +8,7 @@ import pytest
 from gguf import GGUFReader
 
 from edgekv.errors import GGUFError, UnsupportedModelError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.loader import Model
 
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from edgekv.errors import GGUFError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from gguf_craft import ARRAY, FLOAT32, INT32, STRING, UINT32, UINT64, UINT8, craft, string
 
 ARCH = ("general.architecture", STRING, "llama")
@@ -150,7 +150,7 @@ def test_hyperparameters_a_kernel_trusts_are_checked(tiny_model, metadata, messa
 def test_tokenizer_metadata_of_the_wrong_type_is_refused(tiny_model, key, value, message):
     from edgekv.errors import EdgeKVError
     from edgekv.text.tokenizer import Tokenizer
-    from edgekv.gguf import GGUFFile
+    from edgekv.gguf.reader import GGUFFile
 
     metadata = dict(GGUFFile(tiny_model("llama")).metadata)
     metadata[key] = value

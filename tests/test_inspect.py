@@ -1,4 +1,4 @@
-"""Tests for `edgekv inspect` (edgekv/inspection.py, cli/inspect.py): the report of the real
+"""Tests for `edgekv inspect` (edgekv/gguf/inspection.py, cli/inspect.py): the report of the real
 model against the `gguf` package's own reading of the file; every handcrafted malformed
 file and 3,000 fuzzer mutants: the report never raises, and lists a problem exactly when
 loading fails (issue 16 asks the same of inspect as of the loader)."""
@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from edgekv.cli import main
 from edgekv.errors import EdgeKVError
-from edgekv.inspection import inspect_gguf
+from edgekv.gguf.inspection import inspect_gguf
 from edgekv.loader import load
 from gguf_craft import craft
 from test_gguf_fuzz import _fuzz_tool

@@ -1,4 +1,4 @@
-"""The `keep` overflow policy (heavy_hitters.py): its choice, its attention tallies against
+"""The `keep` overflow policy (kv/heavy_hitters.py): its choice, its attention tallies against
 the float64 reference on every attention path, and what a session keeps across state files,
 growth and the CLI. Its evictions against the reference over long runs: test_ring_cache.py."""
 
@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from edgekv import heavy_hitters
+from edgekv.kv import heavy_hitters
 from edgekv.backends.kernel_map import BATCH_MIN_TOKENS
 from edgekv.cli import main
 from edgekv.errors import StateFileError

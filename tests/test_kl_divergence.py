@@ -19,7 +19,7 @@ import pytest
 from conftest import REFERENCE_DIR, load_tool
 
 from edgekv.cli import main
-from edgekv.kl_divergence import BaseFile, KLDStats, decode_rows, encode_rows, row_width
+from edgekv.lab.kl_divergence import BaseFile, KLDStats, decode_rows, encode_rows, row_width
 
 TEXT = REFERENCE_DIR / "gpl3.txt"
 # the figures held to llama-perplexity's: not the extreme quantiles of a few hundred tokens,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv import kv_calibration as kc
-from edgekv.cache import SINKS, KeyMap, KVCache
-from edgekv.row_transforms import hadamard
-from edgekv.kv_report import CachePair, measure_quality
+from edgekv.kv import calibration as kc
+from edgekv.kv.cache import SINKS, KeyMap, KVCache
+from edgekv.kernels.rows import hadamard
+from edgekv.lab.kv_report import CachePair, measure_quality
 from edgekv.loader import load
-from edgekv.quants import kv_cache_type
+from edgekv.kv.types import kv_cache_type
 from conftest import REFERENCE_DIR
 from numpy_reference import ReferenceModel, _ggml_gelu
 

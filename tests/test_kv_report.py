@@ -1,4 +1,4 @@
-"""`edgekv kv-report` (edgekv/kv_report.py, cli/kv_report.py; issue 14 item 2): what each K/V
+"""`edgekv kv-report` (edgekv/lab/kv_report.py, cli/kv_report.py; issue 14 item 2): what each K/V
 cache pair costs. The KL divergences are checked against a float64 (long double) NumPy
 computation from logits evaluated separately, whole chunks at once; the context that fits a
 budget against the arithmetic done here from the model's hyperparameters."""
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from edgekv.cli import main
-from edgekv.context import max_context, read_hparams
+from edgekv.kv.plan import max_context, read_hparams
 from edgekv.errors import EdgeKVError
-from edgekv.gguf import GGUFFile
-from edgekv.kv_report import CachePair, kl_divergence, parse_pairs, pareto_front
+from edgekv.gguf.reader import GGUFFile
+from edgekv.lab.kv_report import CachePair, kl_divergence, parse_pairs, pareto_front
 from edgekv.loader import load
 from conftest import REFERENCE_DIR
 
@@ -49,7 +49,7 @@ def test_per_layer_mixes_parse_to_canonical_names():
 
 
 def test_mix_verdicts_say_whether_a_mix_beats_the_uniform_types():
-    from edgekv.kv_report import mix_verdicts
+    from edgekv.lab.kv_report import mix_verdicts
 
     f16, q8, q4 = (CachePair(t, t) for t in ("f16", "q8_0", "q4_0"))
     q5 = CachePair("q5_0", "q5_0")
@@ -72,7 +72,7 @@ def test_the_pareto_front_keeps_the_pairs_nothing_beats():
 
 
 def test_point_numbers_cover_no_point_and_no_other_number():
-    from edgekv.kv_plot import _CHAR_W, _DOT_R, _TEXT_H, _label_offsets
+    from edgekv.lab.kv_plot import _CHAR_W, _DOT_R, _TEXT_H, _label_offsets
 
     # a cluster as 4-bit types and their mixes make: markers 3 to 12 points apart
     points = [(100, 200), (110, 212), (110, 188), (122, 200), (100, 212), (300, 50)]
@@ -194,7 +194,7 @@ def test_bad_kv_report_requests_say_what_to_do(smollm2_path, capsys, args, messa
 def test_layer_scan_measures_each_layer_and_mixes_the_costliest(tiny_model, capsys):
     """--layer-scan's per-layer costs against the float64 reference rounding one layer's K
     (tests/numpy_reference.py), and the mix it adds: q8_0 K in the two costliest layers."""
-    from edgekv.layer_scan import per_layer
+    from edgekv.lab.layer_scan import per_layer
     from numpy_reference import ReferenceModel
 
     path = tiny_model("llama", n_layers=4, dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=256)

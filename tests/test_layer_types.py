@@ -1,4 +1,4 @@
-"""Per-layer cache type mixes (edgekv/layer_types.py; issue 14 item 3): a spec such as
+"""Per-layer cache type mixes (edgekv/kv/layer_types.py; issue 14 item 3): a spec such as
 `q8_0:1+q4_0+iq4_cal:1` gives each layer its own K or V type. Each layer must then behave
 exactly as a cache of its type: against the float64 NumPy reference rounding each layer by
 its own type, under every overflow policy; ring equal to linear before the first wrap;
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv.cache import KVCache
-from edgekv.context import plan_context, read_hparams
+from edgekv.kv.cache import KVCache
+from edgekv.kv.plan import plan_context, read_hparams
 from edgekv.errors import EdgeKVError
-from edgekv.gguf import GGUFFile
-from edgekv.layer_types import layer_kinds, spec_name
+from edgekv.gguf.reader import GGUFFile
+from edgekv.kv.layer_types import layer_kinds, spec_name
 from edgekv.loader import load
 from edgekv.state_file import load_session, save_session
 from numpy_reference import ReferenceModel, ReferenceSession

@@ -1,5 +1,5 @@
 """Tests for edgekv/api/facade.py, the llama-cpp-python-compatible facade, on tiny random models
-written by edgekv/tiny_model.py (llama: GPT-2 BPE + ChatML; gemma3: SPM + Gemma turns)."""
+written by edgekv/testing/tiny_model.py (llama: GPT-2 BPE + ChatML; gemma3: SPM + Gemma turns)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import edgekv.api.completions as completions_module
 from edgekv import ContextFullError, EdgeKVError, Llama
 
-from edgekv import tiny_model as mtm  # noqa: E402
+from edgekv.testing import tiny_model as mtm  # noqa: E402
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog."
 BAN = -1e9  # a logit bias that removes a token
 # logits of one position evaluated in chunks of different sizes: prefill and decode take

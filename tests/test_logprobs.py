@@ -1,5 +1,5 @@
 """Tests for edgekv/logprobs.py and the `logprobs` options of Llama.create_completion and
-create_chat_completion, on a tiny random model (edgekv/tiny_model.py)."""
+create_chat_completion, on a tiny random model (edgekv/testing/tiny_model.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from edgekv import EdgeKVError, Llama
 from edgekv.api.logprobs import LogprobRecorder, log_softmax
 from test_llama_api import BAN, CHUNKING_ATOL, TEXT, no_eog, spanning_stop
 
-from edgekv import tiny_model as mtm  # noqa: E402
+from edgekv.testing import tiny_model as mtm  # noqa: E402
 CHAT = [{"role": "user", "content": "Hi there"}]
 
 

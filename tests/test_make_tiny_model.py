@@ -1,4 +1,4 @@
-"""Tests for edgekv/tiny_model.py: the tiny GGUFs open with edgekv.gguf.GGUFFile, carry the
+"""Tests for edgekv/testing/tiny_model.py: the tiny GGUFs open with edgekv.gguf.reader.GGUFFile, carry the
 requested metadata, tensors, types and tokenizer, and their weights dequantize to finite
 values of the intended scale."""
 
@@ -10,10 +10,10 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 
-from edgekv import tiny_model as mtm  # noqa: E402
-from edgekv import tiny_vocab  # noqa: E402
+from edgekv.testing import tiny_model as mtm  # noqa: E402
+from edgekv.testing import tiny_vocab  # noqa: E402
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 K_DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512)  # every row a multiple of 256
 # relative RMS error of a quantize -> dequantize round trip of normal(0, 1) rows

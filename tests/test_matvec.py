@@ -18,9 +18,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from test_quants import ALL_TYPES, random_rows, reference_dequantize, same_bits
 
-from edgekv import quants
+from edgekv.gguf import quants
 from edgekv.errors import UnsupportedModelError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.kernels import activations as act
 from edgekv.kernels import matvec as mv
 from edgekv.backends.kernel_map import BATCH_MIN_TOKENS

@@ -1,4 +1,4 @@
-"""The free-memory figure the `auto` context budget comes from (edgekv/memory.py), on fake
+"""The free-memory figure the `auto` context budget comes from (edgekv/kv/memory.py), on fake
 /proc and cgroup trees: MemAvailable, cgroup v2 and v1 limits of the process's cgroup and
 its ancestors, the container case, and `edgekv mem` saying which figure it used."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgekv import context, memory
+from edgekv.kv import plan as context
+from edgekv.kv import memory
 from edgekv.cli import main
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 
 GiB = 1 << 30
 
@@ -84,7 +85,7 @@ def test_this_machine_has_a_figure():
 
 
 def test_edgekv_mem_says_which_figure_the_budget_came_from(capsys, smollm2_path, monkeypatch):
-    monkeypatch.setattr("edgekv.memory.free_memory", lambda: memory.FreeMemory(4 * GiB, "cgroup v2 memory.max (test)"))
+    monkeypatch.setattr("edgekv.kv.memory.free_memory", lambda: memory.FreeMemory(4 * GiB, "cgroup v2 memory.max (test)"))
     assert main(["mem", "-m", str(smollm2_path), "-c", "auto"]) == 0
     out = capsys.readouterr().out
     weights = context.weight_bytes(GGUFFile(smollm2_path))

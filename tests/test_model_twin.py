@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from conftest import load_tool
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.loader import load
-from edgekv.quants import non_finite_tensors
+from edgekv.gguf.quants import non_finite_tensors
 
 twin = load_tool("model_twin")
 CARRY = 64 << 20  # what one call to a lent GPU machine takes along, wheels included

@@ -1,6 +1,6 @@
 """Numerics under hostile values (issue 16, item 6): weights holding NaN or inf, block scales
 of 0, K and V values beyond what each cache type stores. The allowed outcomes: NumericalError
-naming the bad tensors, with the session as it was, or saturation as cache.py documents
+naming the bad tensors, with the session as it was, or saturation as kv/cache.py documents
 (never an inf or NaN stored, never silent garbage). Oracles: the `gguf` package's
 dequantization for which blocks are bad; the float32 values for what saturation keeps."""
 
@@ -16,8 +16,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from edgekv import NumericalError, load
-from edgekv.cache import CACHE_TYPES, KeyMap, KVCache
-from edgekv.quants import KV_CACHE_TYPES, QUANT_TYPES, count_non_finite
+from edgekv.kv.cache import CACHE_TYPES, KeyMap, KVCache
+from edgekv.gguf.quants import QUANT_TYPES, count_non_finite
+from edgekv.kv.types import KV_CACHE_TYPES
 
 
 def poisoned(src, dst, tensor: str, edit) -> str:

@@ -20,8 +20,8 @@ import pytest
 from conftest import REFERENCE_DIR, load_tool
 
 from edgekv.cli import main
-from edgekv.gguf import GGUFFile
-from edgekv.quantize_plan import Options, plan_quantization, tensor_type
+from edgekv.gguf.reader import GGUFFile
+from edgekv.quantize.plan import Options, plan_quantization, tensor_type
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 SOURCES = ("F32", "F16")
@@ -110,8 +110,8 @@ def test_tensor_bytes_equal_llama_quantize(source, model, src_type, dst):
     import numpy as np
     from gguf import GGMLQuantizationType as T
 
-    from edgekv.model_quantize import tensor_chunks
-    from edgekv.quantize_plan import TensorPlan
+    from edgekv.quantize.model import tensor_chunks
+    from edgekv.quantize.plan import TensorPlan
 
     pairs = reference(model)["sources"][src_type]["pairs"]
     g = GGUFFile(source(model, src_type))
@@ -194,7 +194,7 @@ def test_truncated_source_is_named(tiny_model, tmp_path, capsys):
 
 
 def test_disk_full_leaves_old_output_untouched(tiny_model, tmp_path, capsys, monkeypatch):
-    from edgekv import gguf_write
+    from edgekv.gguf import writer as gguf_write
 
     out = tmp_path / "o.gguf"
     out.write_bytes(b"the previous file")

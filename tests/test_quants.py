@@ -1,4 +1,4 @@
-"""edgekv.quants: the format registry, dequantization and the KV-cache quantizers.
+"""edgekv.gguf.quants: the format registry, dequantization and the KV-cache quantizers.
 
 The independent reference is the `gguf` package (llama.cpp's own Python port of the
 formats): every type must dequantize bit for bit like `gguf.quants.dequantize`, and every
@@ -15,9 +15,10 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf import quants as gq
 
-from edgekv import quants
+from edgekv.gguf import quants
+from edgekv.kv import types as kvt
 from edgekv.errors import UnsupportedModelError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.kernels import dequant, quantize as kq
 from edgekv.kernels.fp16 import f16_to_f32, f32_to_bf16, f32_to_f16
 from numpy_reference import quantize_iq4_nl
@@ -26,7 +27,7 @@ from numpy_reference import quantize_iq4_nl
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
                  "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 ALL_TYPES = sorted(quants.QUANT_TYPES)
-KV_NAMES = sorted(quants.KV_CACHE_TYPES)
+KV_NAMES = sorted(kvt.KV_CACHE_TYPES)
 
 
 def random_rows(ggml_type: int, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -78,7 +79,7 @@ def test_unknown_type_lists_supported_ones():
     with pytest.raises(UnsupportedModelError, match="needs 68 bytes, got 34"):
         quants.dequantize(np.zeros(34, np.uint8), int(T.Q8_0), (32, 2))
     with pytest.raises(UnsupportedModelError, match="cache type 'q2_k'"):
-        quants.kv_cache_type("q2_k")
+        kvt.kv_cache_type("q2_k")
 
 
 # ---- dequantization -----------------------------------------------------------------
@@ -121,16 +122,16 @@ def reference_quantize(x: np.ndarray, name: str) -> np.ndarray:
         return x.view(np.uint8)
     if name == "f16":
         return x.astype(np.float16).view(np.uint8)  # ties to even, as F16C
-    if quants.KV_CACHE_TYPES[name].quant.ggml_type == T.IQ4_NL:  # gguf.quants cannot quantize it
+    if kvt.KV_CACHE_TYPES[name].quant.ggml_type == T.IQ4_NL:  # gguf.quants cannot quantize it
         return quantize_iq4_nl(x)
-    return gq.quantize(x, T(quants.KV_CACHE_TYPES[name].quant.ggml_type))
+    return gq.quantize(x, T(kvt.KV_CACHE_TYPES[name].quant.ggml_type))
 
 
 @pytest.mark.parametrize("name", KV_NAMES)
 def test_kv_quantizer_matches_ggml_reference_bytes(name):
     x = kv_test_rows(np.random.default_rng(7))
-    t = quants.KV_CACHE_TYPES[name]
-    ours = quants.quantize(x, t.quant.ggml_type)
+    t = kvt.KV_CACHE_TYPES[name]
+    ours = kvt.quantize(x, t.quant.ggml_type)
     assert ours.shape == (x.shape[0], t.row_nbytes(x.shape[1]))
     expected = reference_quantize(x, name).reshape(ours.shape)
     bad = np.nonzero((ours != expected).any(axis=1))[0]
@@ -148,8 +149,8 @@ FLOAT_REL = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
 def test_kv_round_trip_error_bound(name):
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((64, 256)) * rng.uniform(0.01, 100, (64, 1))).astype(np.float32)
-    t = quants.KV_CACHE_TYPES[name]
-    back = quants.dequantize(quants.quantize(x, t.quant.ggml_type), t.quant.ggml_type, (256, 64))
+    t = kvt.KV_CACHE_TYPES[name]
+    back = quants.dequantize(kvt.quantize(x, t.quant.ggml_type), t.quant.ggml_type, (256, 64))
     err = np.abs(back.astype(np.float64) - x)
     if name in FLOAT_REL:
         assert np.all(err <= FLOAT_REL[name] * np.abs(x) + 2.0**-25), name  # + half of the f16 subnormal step
@@ -180,12 +181,12 @@ def _write_and_read_cache(k_rows, cache, quantize_row, dequantize_row, out):
 
 @pytest.mark.parametrize("name", ["q8_0", "q4_1", "f16"])
 def test_kv_row_kernels_are_callable_from_njit(name):
-    t = quants.kv_cache_type(name.upper())  # names are case-insensitive
+    t = kvt.kv_cache_type(name.upper())  # names are case-insensitive
     x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
     cache = np.zeros((4, t.row_nbytes(64)), np.uint8)
     out = np.zeros_like(x)
     _write_and_read_cache(x, cache, t.quantize_row, t.dequantize_row, out)
-    assert np.array_equal(cache, quants.quantize(x, t.quant.ggml_type))
+    assert np.array_equal(cache, kvt.quantize(x, t.quant.ggml_type))
     assert same_bits(out, quants.dequantize(cache, t.quant.ggml_type, (64, 4)))
 
 
@@ -258,7 +259,7 @@ def test_dequant_row_dispatch_covers_the_registry():
         dequant.dequantize_rows(raw, t, out)
         assert np.isfinite(out).all(), q.name
     for name in KV_NAMES:
-        t = quants.KV_CACHE_TYPES[name].quant.ggml_type
+        t = kvt.KV_CACHE_TYPES[name].quant.ggml_type
         dst = np.full((1, quants.row_nbytes(t, 64)), 0xAB, np.uint8)
         kq.quantize_rows(np.ones((1, 64), np.float32), t, dst)
         assert not np.all(dst == 0xAB), name

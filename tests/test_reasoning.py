@@ -49,7 +49,7 @@ def test_streamed_split_equals_the_whole_split(text, inside, piece):
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from edgekv.tiny_model import make_tiny_model
+    from edgekv.testing.tiny_model import make_tiny_model
 
     path = make_tiny_model(tmp_path_factory.mktemp("q3") / "qwen3.gguf", arch="qwen3", weight_type="Q8_0",
                            dim=64, n_heads=4, n_kv_heads=2, head_dim=32, ff=128)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekv import heavy_hitters
+from edgekv.kv import heavy_hitters
 from edgekv.errors import ContextFullError
 from edgekv.loader import load
 from numpy_reference import ReferenceModel, ReferenceSession

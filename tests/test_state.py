@@ -20,7 +20,7 @@ import pytest
 
 from edgekv import Llama
 from edgekv.cli import main
-from edgekv.cache import CACHE_TYPES
+from edgekv.kv.cache import CACHE_TYPES
 from edgekv.errors import StateFileError
 from edgekv.loader import load
 from edgekv import state_file as state_mod

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgekv.errors import TokenizerError, UnsupportedModelError
-from edgekv.gguf import GGUFFile
+from edgekv.gguf.reader import GGUFFile
 from edgekv.text.tokenizer import StreamingDetokenizer, Tokenizer, decode_utf8_like_llama
 from edgekv.text.bpe import BYTE_TO_UNICODE, PRE_TOKENIZERS, BPEModel, byte_encode
 from edgekv.text.vocab import ATTR_BYTE

@@ -68,7 +68,7 @@ def try_load(path: Path) -> str:
 def data_offset(blob: bytes, path: Path) -> int:
     import numpy as np
 
-    from edgekv.gguf import GGUFFile
+    from edgekv.gguf.reader import GGUFFile
 
     path.write_bytes(blob)
     g = GGUFFile(path)
@@ -103,7 +103,7 @@ def fuzz(blob: bytes, n: int, seed: int, folder: Path, time_limit_s: float = 10.
 def truncations(blob: bytes, folder: Path, cuts) -> list[tuple[int, str]]:
     """The cuts of blob that do not raise a GGUFError when opened: (cut, what happened)."""
     from edgekv.errors import GGUFError
-    from edgekv.gguf import GGUFFile
+    from edgekv.gguf.reader import GGUFFile
 
     path, bad = folder / "cut.gguf", []
     for cut in cuts:
@@ -119,7 +119,7 @@ def truncations(blob: bytes, folder: Path, cuts) -> list[tuple[int, str]]:
 
 
 def tiny_blob(arch: str, folder: Path) -> bytes:
-    from edgekv.tiny_model import make_tiny_model
+    from edgekv.testing.tiny_model import make_tiny_model
 
     path = make_tiny_model(folder / "tiny.gguf", arch=arch, weight_type="Q8_0", n_layers=1, dim=32, n_heads=2,
                            n_kv_heads=1, head_dim=16, ff=64, n_ctx=64)

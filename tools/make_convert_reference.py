@@ -30,7 +30,7 @@ from hf_checkpoints import TINY, real_checkpoint, tiny_checkpoint  # noqa: E402
 from make_quantize_reference import file_sha, sha  # noqa: E402
 
 from edgekv.catalog import resolve_model  # noqa: E402
-from edgekv.gguf import GGUFFile  # noqa: E402
+from edgekv.gguf.reader import GGUFFile  # noqa: E402
 
 REAL = {"smollm2-135m-instruct": ("f32", "f16", "bf16", "q8_0"), "gemma3-270m": ("f32", "f16", "bf16", "q8_0")}
 TINY_OUTTYPES = {"tiny-llama": ("auto", "q8_0"), "tiny-qwen2": ("auto", "f16"), "tiny-qwen3": ("auto", "q8_0")}

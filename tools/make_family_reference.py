@@ -1,7 +1,7 @@
 """Regenerate tests/reference/tiny_families.json: llama.cpp's tokens and logits for a tiny
 random GGUF of each model family (qwen2, qwen3, phi3, Mistral-style llama, RoPE scalings).
 
-The models are written by edgekv.tiny_model from the recipes below (its random weights are
+The models are written by edgekv.testing.tiny_model from the recipes below (its random weights are
 seeded, so the file is the same bytes every time: the JSON records each one's sha256 and
 the tests check they rebuilt the same file). llama.cpp reads them through llama-cpp-python
 0.3.36 built as tests/reference/README.md says; run this with that virtualenv's interpreter
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from edgekv.tiny_model import make_tiny_model  # noqa: E402
+from edgekv.testing.tiny_model import make_tiny_model  # noqa: E402
 from make_reference import greedy_run  # noqa: E402
 import make_reference  # noqa: E402
 

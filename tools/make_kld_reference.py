@@ -67,7 +67,7 @@ def tiny_case(exe: str, work: Path) -> dict:
     """A tiny random llama (vocabulary 307): llama-perplexity's base files for its f16 and its
     q4_0 cache, kept in tests/reference/kld/ (~150 KB each), and its statistics of the second
     against the first: the test recomputes them from the two files alone."""
-    from edgekv.tiny_model import make_tiny_model
+    from edgekv.testing.tiny_model import make_tiny_model
 
     model = make_tiny_model(work / "tiny.gguf", dim=128, head_dim=32, ff=256)  # q4_0 rows: 32-value heads
     folder = REPO / "tests/reference/kld"
@@ -77,7 +77,7 @@ def tiny_case(exe: str, work: Path) -> dict:
         run(exe, model, cache, [*common, "--kl-divergence-base", str(folder / f"tiny-{cache}.kld")], n_ctx=64)
     text = run(exe, model, "q4_0", ["--kl-divergence-base", str(folder / "tiny-f16.kld"), "--kl-divergence"],
                n_ctx=64)
-    return {"model": "edgekv.tiny_model.make_tiny_model(path, dim=128, head_dim=32, ff=256) (llama, F32, seed 0)", "n_ctx": 64, "chunks": 8,
+    return {"model": "edgekv.testing.tiny_model.make_tiny_model(path, dim=128, head_dim=32, ff=256) (llama, F32, seed 0)", "n_ctx": 64, "chunks": 8,
             "base": "tiny-f16.kld", "compared": "tiny-q4_0.kld", "statistics": parse_statistics(text)}
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgekv.catalog import resolve_model  # noqa: E402
-from edgekv.gguf import GGUFFile  # noqa: E402
+from edgekv.gguf.reader import GGUFFile  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")

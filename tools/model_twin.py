@@ -13,8 +13,8 @@ noise, so no parity check runs on it (tools/gpu_check.sh labels what it measures
 
 The weights: float matrices N(0, 0.02), float vectors (norms) 1; quantized blocks random
 codes with their f16 scales set so that values stay within about +-0.1 and centred (a
-block's scale fields are edgekv.quants' `scales` offsets). Finite everywhere
-(edgekv.quants.non_finite_tensors finds nothing), so a forward pass stays finite.
+block's scale fields are edgekv.gguf.quants' `scales` offsets). Finite everywhere
+(edgekv.gguf.quants.non_finite_tensors finds nothing), so a forward pass stays finite.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgekv.quants import quant_type  # noqa: E402
+from edgekv.gguf.quants import quant_type  # noqa: E402
 
 SPREAD = 0.1  # the largest |value| a quantized twin weight takes, about
 # per type, the f16 scale fields (in quant_type().scales order) for codes of the given range:

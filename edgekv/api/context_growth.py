@@ -6,8 +6,8 @@ context within the memory budget), geometric growth when a call needs more (the
 conversation copied once), re-sizing to a restored snapshot, and the one-line plan that
 `Llama.plan_line` and `edgekv chat` show. Also checking the `n_ctx`, `mem_budget` and
 `layer_windows` options that decide it.
-What does not: the planning arithmetic (capacities, bytes, budgets: context.py), the cache
-and what a full context does (session.py, cache.py), the generation loop and the
+What does not: the planning arithmetic (capacities, bytes, budgets: kv/plan.py), the cache
+and what a full context does (session.py, kv/cache.py), the generation loop and the
 llama-cpp-python API (facade.py). Not a Python `with` context manager.
 """
 
@@ -19,9 +19,9 @@ import logging
 
 import numpy as np
 
-from .. import context as ctxplan
+from ..kv import plan as ctxplan
 from ..errors import EdgeKVError
-from ..kv_calibration import key_map_for
+from ..kv.calibration import key_map_for
 from ..session import Session, SessionState
 from ..state_file import load_session, state_file_n_ctx
 

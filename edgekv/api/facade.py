@@ -7,7 +7,7 @@ them (completions.py, a mixin of `Llama`), the context's size (the n_ctx="auto" 
 the session: context_growth.py), stop strings, the OpenAI-shaped response dicts and the
 generation statistics (responses.py), save_state/load_state and state files
 (llama_state.py), the forward pass, the cache and its snapshots
-(models/, session.py, cache.py), the state file format (state_file.py), the sampler chain
+(models/, session.py, kv/cache.py), the state file format (state_file.py), the sampler chain
 (sampling.py), the step generator (generate.py), log-probs (logprobs.py), text <-> ids
 (text/tokenizer.py), chat templates (text/chat_format.py).
 
@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..context import KVPlan
+from ..kv.plan import KVPlan
 from ..errors import EdgeKVError
 from ..generate import generate_step
 from ..loader import load
@@ -67,7 +67,7 @@ class Llama(CompletionsMixin, StateMixin):
         (llama.cpp's context shift: keep n_keep tokens, drop n_discard (default half) of the
         others), "stream" (StreamingLLM: n_keep (default 4) sinks + a sliding window) or
         "keep" (n_keep (default 4) sinks + the most attended tokens + a recent window; H2O-like,
-        heavy_hitters.py).
+        kv/heavy_hitters.py).
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
         minus the weights (context.default_mem_budget).
@@ -120,7 +120,7 @@ class Llama(CompletionsMixin, StateMixin):
 
     @property
     def kv_plan(self) -> KVPlan:
-        """The current context plan (edgekv.context.KVPlan)."""
+        """The current context plan (edgekv.kv.plan.KVPlan)."""
         return self._ctx.plan
 
     def plan_line(self) -> str:

@@ -3,7 +3,7 @@
 What lives here: `Backend`, the abstract class the architectures call (models/*.py never
 import a kernel), and `LayerView`, what the KV cache tells a backend about one layer.
 What does not: any arithmetic (backends/cpu.py, later cuda.py), which kernel serves
-which weight type (backends/kernel_map.py), the cache's bookkeeping (cache.py).
+which weight type (backends/kernel_map.py), the cache's bookkeeping (kv/cache.py).
 
 Conventions: activations are float32 NumPy arrays [n_tok, ...] owned by the caller
 (the session's Scratch); operations write into `out` or in place and allocate nothing
@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
 
 if TYPE_CHECKING:
-    from ..batch import CacheBatch, ReservationBatch
+    from ..kv.batch import CacheBatch, ReservationBatch
     from ..models.rope import RopeScaling
 
 
@@ -60,7 +60,7 @@ class LayerView:
     rot_v: np.ndarray | None
     limit_k: float  # |values| above this are saturated on write (KVCacheType.limit)
     limit_v: float
-    # a calibrated K type's map (row_transforms.KeyMap) for this layer: K is stored as
+    # a calibrated K type's map (kv/key_map.KeyMap) for this layer: K is stored as
     # (k - key_mean) * key_scale and queries divided by key_scale, both f32[n_kv_heads, head_dim]
     key_mean: np.ndarray | None = None
     key_scale: np.ndarray | None = None
@@ -68,7 +68,7 @@ class LayerView:
     # in f32 (cache.SINKS); attention reads a slot holding position p < SINKS from here
     sink_k: np.ndarray | None = None
     # f32[n_kv_heads, cap] or None: where a full-context layer adds the softmax weight each slot
-    # receives, per KV head summed over its query heads and queries (`keep`'s tallies, heavy_hitters.py)
+    # receives, per KV head summed over its query heads and queries (`keep`'s tallies, kv/heavy_hitters.py)
     attn_mass: np.ndarray | None = None
     # i64[3]: the data addresses of k, v and slot_pos (a kernel that takes several sessions'
     # rings at once reads them by address: kernels/attention_sessions.py)
@@ -96,7 +96,7 @@ class Backend(ABC):
     @contextlib.contextmanager
     def independent_rows(self) -> Iterator[None]:
         """Within the block (on this thread), the rows of a call are the single tokens of
-        separate sequences decoded together (batch.py): each row must come out as a one-token
+        separate sequences decoded together (kv/batch.py): each row must come out as a one-token
         pass computes it, bit for bit, so that a batched stream equals its solo run."""
         before = getattr(self._mode, "independent", False)
         self._mode.independent = True
@@ -270,7 +270,7 @@ class Backend(ABC):
     def attend_sessions(self, layers: Sequence[LayerView], slots: Sequence[np.ndarray], positions: np.ndarray,
                         q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, scale: float,
                         scratch: Any) -> None:
-        """One decode step of several sessions (batch.py): row i of q, k, v, out (shaped as
+        """One decode step of several sessions (kv/batch.py): row i of q, k, v, out (shaped as
         in `attend`) is session i's one token at positions[i], written into slots[i] of
         its own layer layers[i] and attending to it alone. Here: `attend` row by row; a
         backend may do them in one call, with each row's bits."""
@@ -279,7 +279,7 @@ class Backend(ABC):
 
     def attend_batch(self, batch: "CacheBatch", res: "ReservationBatch", layer: int, q: np.ndarray, k: np.ndarray,
                      v: np.ndarray, out: np.ndarray, scale: float, scratch: Any) -> None:
-        """`attend_sessions` for layer `layer` of a batched step (batch.py): batch holds the
+        """`attend_sessions` for layer `layer` of a batched step (kv/batch.py): batch holds the
         sessions' caches, res their reservations. Here: each cache's view of the layer; a
         backend may read batch.rings(res), the step's table of every layer's rings, instead."""
         self.attend_sessions([one.layer_view(layer) for one in batch.caches], [r.slots[layer] for r in res.parts],

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..row_transforms import keep_sinks, map_keys, map_queries, rotate
+from ..kernels.rows import keep_sinks, map_keys, map_queries, rotate
 from ..kernels import attention_decode
 from ..kernels.attention import F16_TO_F32, attention_chunk_blas, attention_f16
 from ..kernels.attention_q import attention_rows, dequant_rows
@@ -145,10 +145,10 @@ class CPUBackend(Backend):
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
         n = q.shape[0]
-        if layer.key_scale is not None:  # a calibrated K type (row_transforms.KeyMap)
+        if layer.key_scale is not None:  # a calibrated K type (kv/key_map.KeyMap)
             map_keys(k, layer.key_mean, layer.key_scale)
             map_queries(q, layer.key_scale)
-        rotate(q, layer.rot_k)  # quantized caches store rotated K and V (cache.py)
+        rotate(q, layer.rot_k)  # quantized caches store rotated K and V (kv/cache.py)
         rotate(k, layer.rot_k)
         rotate(v, layer.rot_v)
         store_rows_kv(k, v, layer.type_k, layer.type_v, slots, layer.k, layer.v, np.float32(layer.limit_k),

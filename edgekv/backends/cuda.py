@@ -33,7 +33,7 @@ from gguf import GGMLQuantizationType as T
 from ..cuda.arrays import DeviceArray, is_page_aligned, page_aligned
 from ..cuda.runtime import Buffer, Device
 from ..errors import EdgeKVError
-from ..quants import row_nbytes
+from ..gguf.quants import row_nbytes
 from . import cuda_launch as shape
 from .base import Backend, DeviceMemory, LayerView
 from .cpu import CPUBackend

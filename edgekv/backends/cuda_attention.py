@@ -12,7 +12,7 @@ the host reads it (KVCache: snapshots, growth), and copied back in when the host
 Slot positions stay mapped host memory (the host writes them every step). A wrapped ring,
 a shift's re-rotated keys or a restored state need nothing else: the slot positions decide
 what each query sees, as on the CPU. A quantized cache stores K and V
-Hadamard-rotated (row_transforms.py): queries and keys are rotated on the way in and the
+Hadamard-rotated (kv/key_map.py): queries and keys are rotated on the way in and the
 output on the way out (ek_rotate), as CPUBackend.attend does.
 
 The `keep` policy's tallies (heavy_hitters.AttentionTallies, page-aligned host memory the
@@ -37,7 +37,7 @@ from gguf import GGMLQuantizationType as T
 from ..cuda.arrays import DeviceArray, viewed_array
 from ..cuda.runtime import Buffer
 from ..errors import EdgeKVError
-from ..quants import row_nbytes
+from ..gguf.quants import row_nbytes
 from . import cuda_launch as shape
 from .base import LayerView
 
@@ -162,7 +162,7 @@ class RingAttention:
         return k_ring, v_ring
 
     def map_keys(self, layer: LayerView, q: DeviceArray, k: DeviceArray) -> None:
-        """A calibrated K type's map (row_transforms.KeyMap): keys (k - mean) * scale, queries
+        """A calibrated K type's map (kv/key_map.KeyMap): keys (k - mean) * scale, queries
         q / scale, per KV head and dim."""
         mean, scale = (self.backend.vector(row, owner=viewed_array(row)) for row in (layer.key_mean, layer.key_scale))
         n_kv, hd = k.shape[1], k.shape[2]

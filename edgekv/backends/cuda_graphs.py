@@ -12,7 +12,7 @@ logits out. Every value that changes from step to step is read by the kernels fr
 captured launches stay right as the ring fills, wraps or shifts.
 
 Not captured (run eagerly): chunks of several tokens, sessions decoding together
-(batch.py), a cache being observed (kv_calibration), and any step whose inputs the capture
+(kv/batch.py), a cache being observed (kv/calibration.py), and any step whose inputs the capture
 could not learn to rewrite (Recording.broken). A graph is dropped when what it points at
 goes: its cache, its scratch, or a staging buffer that grew. EDGEKV_CUDA_GRAPHS=0 turns
 capture off (for comparing against it; GGML_CUDA_DISABLE_GRAPHS is llama.cpp's).
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cache import KVCache
+from ..kv.cache import KVCache
 from .cuda_inputs import HostInputs, Recording, Step, step_bytes
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
 | F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
-A short chunk, or several sessions' decode steps run together (batch.py), takes the n < 64
+A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
 column token by token with each token's bits, but the int8-dot kernels read each weight
 from memory once for all the tokens (int8dot.matvec_chunks_rows; the K-quants' gemv tiles
 likewise), and on AVX512-VNNI build a block's codes once for 4 tokens.

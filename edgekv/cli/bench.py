@@ -65,10 +65,10 @@ def _values(args: argparse.Namespace, name: str) -> list:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from .. import bench as b
+    from ..lab import bench as b
     from ..catalog import default_model_name, resolve_model
-    from ..context import read_hparams
-    from ..gguf import GGUFFile
+    from ..kv.plan import read_hparams
+    from ..gguf.reader import GGUFFile
     from ..kernels.config import max_threads
     from ..loader import load
 

@@ -32,7 +32,7 @@ def non_negative_int(text: str) -> int:
 
 def layer_window_spec(text: str) -> str:
     """--layer-window: checked for syntax here (exit 2); layer numbers once the model is known."""
-    from ..context import parse_layer_windows
+    from ..kv.plan import parse_layer_windows
     from ..errors import EdgeKVError
 
     try:
@@ -43,7 +43,7 @@ def layer_window_spec(text: str) -> str:
 
 
 def mem_size(text: str) -> int:
-    from ..context import parse_size
+    from ..kv.memory import parse_size
     from ..errors import EdgeKVError
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..file_types import FILE_TYPE_NAMES
+from ..gguf.file_types import FILE_TYPE_NAMES
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

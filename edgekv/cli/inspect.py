@@ -3,7 +3,7 @@ with it, without loading its weights.
 
 What lives here: the command's options and its text layout. Exit status 0 when the file
 would load, 1 when the report lists problems. What does not: the report itself
-(inspection.py).
+(gguf/inspection.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspection import inspect_gguf
+    from ..gguf.inspection import inspect_gguf
 
     report = inspect_gguf(args.file, check_tensors=args.check_tensors)
     if args.json:

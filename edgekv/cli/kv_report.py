@@ -1,7 +1,7 @@
 """`edgekv kv-report -m MODEL -f TEXT`: what each KV cache type pair costs, as a table and a plot.
 
 What lives here: the command's options, the Markdown table on stdout, progress on stderr.
-What does not: the measurements (kv_report.py), the PNG (kv_plot.py).
+What does not: the measurements (kv_report.py), the PNG (lab/kv_plot.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import kv_report as kv
+    from ..lab import kv_report as kv
     from ..kernels.config import set_num_threads
     from ..loader import load
 
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{quality[pairs[0]].n_scored} tokens scored per pair; max ctx is what the memory holds (the model "
           f"was trained for {hp.n_ctx_train:,}); took {time.perf_counter() - t0:.0f} s on {threads} threads", flush=True)
     if args.png:
-        from ..kv_plot import save_plot
+        from ..lab.kv_plot import save_plot
 
         rows = [(p.label, (stores[p].bits_k + stores[p].bits_v) / 2, quality[p].kld, p in front) for p in pairs]
         title = f"{model.name}: KV cache types on {os.path.basename(args.file)} (-c {args.ctx_size})"
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 def layer_scan(model, tokens, args: argparse.Namespace) -> list:
     """Print each layer's K cost (layer_scan.key_costs) and return the mixes it suggests."""
-    from ..layer_scan import key_costs, suggested_mixes
-    from ..layer_types import cache_type_for
+    from ..lab.layer_scan import key_costs, suggested_mixes
+    from ..kv.layer_types import cache_type_for
 
     low = cache_type_for("--scan-type", args.scan_type, model.hp.head_dim).name
     t0 = time.perf_counter()
@@ -117,7 +117,7 @@ def layer_scan(model, tokens, args: argparse.Namespace) -> list:
 
 def table(pairs, quality, stores, speed, front, args) -> str:
     """The Markdown table: one row per pair, the base first."""
-    from ..context import format_bytes
+    from ..kv.memory import format_bytes
 
     budget = format_bytes(args.mem_budget)
     head = ["K", "V", "bits/value", "KV bytes/token", "PPL", "mean KLD", "same top", f"max ctx in {budget}"]

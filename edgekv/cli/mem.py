@@ -3,7 +3,7 @@
 What lives here: the command's options (llama.cpp's -c, -ctk, -ctv, -b, plus -p/-n as
 token counts for the "auto" context, --layer-window, --mem-budget and --backend: on a
 discrete GPU the auto context also fits the GPU's memory) and printing the report. What
-does not: the planning (context.py), the report's arithmetic (mem_report.py).
+does not: the planning (kv/plan.py), the report's arithmetic (lab/mem_report.py).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def mem(args: argparse.Namespace) -> int:
-    from .. import context
+    from ..kv import plan as context
     from ..backends import get_backend
     from ..catalog import resolve_model
-    from ..gguf import GGUFFile
-    from ..mem_report import format_memory_report, memory_report
+    from ..gguf.reader import GGUFFile
+    from ..lab.mem_report import format_memory_report, memory_report
 
     g = GGUFFile(resolve_model(args.model))
     hp = context.read_hparams(g)
@@ -65,8 +65,8 @@ def mem(args: argparse.Namespace) -> int:
 def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None, str]:
     """The KV budget an auto context gets, as loading computes it (api/context_growth.py),
     and where it came from in words."""
-    from .. import context
-    from ..memory import free_memory
+    from ..kv import plan as context
+    from ..kv.memory import free_memory
 
     if args.mem_budget is not None:
         budget = context.parse_size(args.mem_budget)

@@ -37,7 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def _session(args: argparse.Namespace, model, n_ctx: int):
-    from ..context import parse_layer_windows
+    from ..kv.plan import parse_layer_windows
 
     windows = parse_layer_windows(args.layer_window, model.hp.n_layers) if args.layer_window else None
     n_batch = args.batch_size or (1 if args.kl_divergence_base else 512)
@@ -54,7 +54,7 @@ def _load(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..perplexity import compute, count_chunks
+    from ..lab.perplexity import compute, count_chunks
 
     if args.kl_divergence:
         return run_kl_divergence(args)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     bos = tok.bos_id if tok.add_bos else None
     if args.kl_divergence_base:
-        from ..kl_divergence import BaseWriter
+        from ..lab.kl_divergence import BaseWriter
 
         with BaseWriter(args.kl_divergence_base, n_ctx, model.hp.n_vocab, tokens, n_chunks) as writer:
             result = compute(session, tokens, n_ctx, bos, args.chunks, progress, writer.add)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_kl_divergence(args: argparse.Namespace) -> int:
-    from ..kl_divergence import BaseFile, compare
+    from ..lab.kl_divergence import BaseFile, compare
 
     if not args.kl_divergence_base:
         raise EdgeKVError("--kl-divergence compares with a saved base: add --kl-divergence-base FILE (made by "

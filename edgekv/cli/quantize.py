@@ -1,7 +1,7 @@
 """`edgekv quantize IN.gguf OUT.gguf TYPE`: llama-quantize's command, with its flag names.
 
 What lives here: the command's options and its messages. What does not: the type rules
-(quantize_plan.py) and the work (model_quantize.py).
+(quantize/plan.py) and the work (quantize/model.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..file_types import ALIASES, FILE_TYPE_NAMES
+from ..gguf.file_types import ALIASES, FILE_TYPE_NAMES
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -39,8 +39,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 def run(args: argparse.Namespace) -> int:
     from ..errors import QuantizeError
     from ..kernels.config import set_num_threads
-    from ..model_quantize import plan_lines, quantize_model
-    from ..quantize_plan import Options, tensor_type
+    from ..quantize.model import plan_lines, quantize_model
+    from ..quantize.plan import Options, tensor_type
 
     if args.output is None and not args.dry_run:
         raise QuantizeError("give the output file: edgekv quantize IN.gguf OUT.gguf TYPE (or --dry-run)")

@@ -2,7 +2,7 @@
 
 What lives here: `convert`, which reads config.json and the safetensors weights (memory-mapped,
 no torch), plans every output tensor (name, shape, type) and the metadata, then streams the
-tensors one at a time into a file that appears only when complete (gguf_write.py). A
+tensors one at a time into a file that appears only when complete (gguf/writer.py). A
 quantized `--outtype` (Q4_K_M, ...) converts losslessly to a temporary file first and then
 runs `edgekv quantize` on it, as llama.cpp users run convert_hf_to_gguf.py then llama-quantize.
 What does not: the per-family names and transforms (families.py), the metadata keys
@@ -30,8 +30,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import ConvertError
-from ..gguf_write import GGUFOutput, TensorEntry, kv_entry
-from ..model_quantize import progress_bar, quantizers_compiled
+from ..gguf.writer import GGUFOutput, TensorEntry, kv_entry
+from ..quantize.model import progress_bar, quantizers_compiled
 from .families import Family, checkpoint_name, family_for_hf, is_multimodal_part, transform
 from .gguf_params import embedding_rows, find, llama3_rope_factors, with_defaults, write_params, write_vocab
 from .json_files import json_file
@@ -164,7 +164,7 @@ def encode(w: np.ndarray, ggml_type: T) -> np.ndarray:
     if ggml_type == T.F16:
         return np.ascontiguousarray(w, dtype="<f2")  # IEEE round-to-nearest-even, as ggml and NumPy do
     from ..kernels.quantize_k import quantize_weight_rows
-    from ..quants import row_nbytes
+    from ..gguf.quants import row_nbytes
 
     rows = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1])
     out = np.empty((rows.shape[0], row_nbytes(ggml_type, rows.shape[1])), np.uint8)
@@ -226,8 +226,8 @@ def convert(directory: str, out: str | None, outtype: str = "auto", *, pre: str 
 
 
 def _convert_then_quantize(directory, out, outtype, weights, pre, progress, t0) -> ConvertResult:
-    from ..file_types import ALIASES, FILE_TYPE_NAMES
-    from ..model_quantize import quantize_model
+    from ..gguf.file_types import ALIASES, FILE_TYPE_NAMES
+    from ..quantize.model import quantize_model
 
     if outtype.upper() not in FILE_TYPE_NAMES and outtype.upper() not in ALIASES:
         raise ConvertError(f"--outtype {outtype}: not a type edgekv converts to; use auto, {', '.join(OUTTYPES)} "

@@ -14,7 +14,7 @@ import json
 import numpy as np
 
 from ..errors import ConvertError
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .families import Family
 
 _SPECIAL_IDS = {"bos": "bos", "eos": "eos", "unknown": "unk", "seperator": "sep", "padding": "pad",

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..atomic_file import AtomicFile
 from ..errors import ConvertError
-from ..gguf import release_mapped
+from ..gguf.reader import release_mapped
 from .json_files import json_file
 
 # safetensors dtype -> (NumPy dtype as stored, bytes per element)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .. import quants
+from ..gguf import quants
 from ..errors import ConvertError
-from ..gguf import GGUFFile
-from ..model_quantize import progress_bar
+from ..gguf.reader import GGUFFile
+from ..quantize.model import progress_bar
 from .families import family_for_gguf, transform
 from .hf_config import generation_config, hf_config, model_card
 from .json_files import json_bytes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from ..errors import ConvertError
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from ..text.bpe import _GPT2, PRE_TOKENIZERS
 from .hf_config import special_ids
 from .json_files import json_bytes

@@ -9,7 +9,7 @@ scratch row. The arithmetic is float32 with ggml's softmax (same masks and exp a
 the f16/f16 kernels in attention.py it makes no attempt to reproduce llama.cpp's
 roundings bit for bit (llama.cpp itself quantizes Q and the softmax weights to the cache
 types here, a different computation again). What does not live here: the f16/f16 exact
-path (attention.py), the storage and its writes (cache.py).
+path (attention.py), the storage and its writes (kv/cache.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One decode step of several sessions in one call: each row's query over its own
 session's f16 ring, with attention_f16's bits.
 
-Why: sessions decoded together (batch.py) each bring one query per layer. Through
+Why: sessions decoded together (kv/batch.py) each bring one query per layer. Through
 attention_f16 that is one call per session and layer, each paying a parallel region and
 Numba's dispatch (SmolLM2, 40 cached tokens: 12 us a call, of which 7 us is fixed); here
 one call spreads every session's heads over the threads. The rings are separate arrays of

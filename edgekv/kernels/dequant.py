@@ -4,7 +4,7 @@ What lives here: one `dequant_row_<type>(src, dst)` per supported ggml type, rea
 exact bytes a GGUF file (or a quantized KV-cache row) holds, and `dequantize_rows`, a
 parallel driver over many rows. The row functions are plain @njit, so other kernels
 (the KV cache, attention) can call them. What does not: the block layouts themselves
-(drawn in edgekv/quants.py), quantizers (quantize.py) and the repacked layout the matvec
+(drawn in edgekv/gguf/quants.py), quantizers (quantize.py) and the repacked layout the matvec
 kernels read (repack.py).
 
 Every row function evaluates the same float32 expression, in the same order, as ggml's
@@ -212,7 +212,7 @@ def dequant_row_q6_k(src, dst):
 
 @nb.njit(**EXACT_FLAGS)
 def dequant_row(src, ggml_type, dst):
-    # one row of any supported type (ggml type ids); unknown ids are rejected by quants.py
+    # one row of any supported type (ggml type ids); unknown ids are rejected by gguf/quants.py
     if ggml_type == T.F32:
         dequant_row_f32(src, dst)
     elif ggml_type == T.F16:

@@ -82,7 +82,7 @@ def install_locator() -> None:
 
 
 def _marker(backend: str) -> Path:
-    from .intrinsics import host_cpu_name
+    from .cpu_features import host_cpu_name
 
     return kernel_cache_dir() / f"warm-{SOURCES_KEY}-{host_cpu_name()}-{backend}"
 

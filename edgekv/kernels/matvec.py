@@ -5,7 +5,7 @@ the lane layout, repack.py), with `matvec` (decode: one token), `matmul` (prefil
 tokens) and `rows` (embedding lookup), and the per-thread scratch of shared callers. What
 does not: the @njit drivers that run the per-group kernels over all row groups in
 parallel (matvec_drivers.py), the per-type arithmetic (dot_q.py, dot_k.py, unpack.py),
-block formats (quants.py).
+block formats (gguf/quants.py).
 
 How each product is computed, and why:
 - matvec: like llama.cpp, x is quantized once per call to the weight's activation
@@ -32,12 +32,11 @@ How each product is computed, and why:
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from ..quants import quant_type, row_nbytes
+from ..gguf.quants import quant_type, row_nbytes
 from . import config
 from .config import LANES, max_threads
 from .dot_k import INT8DOT, ORDER_GEMM, ORDER_GEMV, ORDER_TILED
@@ -47,8 +46,6 @@ from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_c
 from .matvec_drivers import (N_ACC, N_ISUM, matvec_int8dot, matvec_int8dot_rows, matvec_k_int8dot, matvec_lanes,
                              matvec_lanes_rows, matvec_serial, unpack_rows, unpack_tile)
 
-if TYPE_CHECKING:
-    from .row_stack import RowStack
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
 
@@ -132,7 +129,7 @@ class QuantMatrix:
         padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
-        self.stack: RowStack | None = None  # set by the backend's share_input (row_stack.py)
+        self.stack = None  # its row_stack.RowStack, set by the backend's share_input
 
     @property
     def sums_on_int8dot(self) -> bool:

@@ -6,7 +6,7 @@ a preallocated uint8 buffer of quants.row_nbytes(type, n) bytes, allocates nothi
 is plain @njit so the KV-cache kernels can call it. The arithmetic is ggml's
 quantize_row_*_ref step by step in float32, compiled without fast-math, so the bytes
 equal those of ggml's reference (and of `gguf.quants.quantize`). What does not live
-here: the matching dequantizers (dequant.py), the block layouts (quants.py), and the
+here: the matching dequantizers (dequant.py), the block layouts (gguf/quants.py), and the
 activation quantizers of the matvec kernels (activations.py).
 """
 
@@ -213,7 +213,7 @@ def quantize_row_iq4_nl(x, dst):
 
 @nb.njit(**EXACT_FLAGS)
 def quantize_row(x, ggml_type, dst):
-    # one row into any KV-cache type (ggml type ids); unknown ids are rejected by quants.py
+    # one row into any KV-cache type (ggml type ids); unknown ids are rejected by gguf/quants.py
     if ggml_type == T.F32:
         quantize_row_f32(x, dst)
     elif ggml_type == T.F16:

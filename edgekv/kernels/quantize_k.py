@@ -8,7 +8,7 @@ float32, compiled without fast-math: ggml builds that file in its base library w
 architecture flags, so on x86-64 nothing is contracted into an FMA, and neither is anything
 here. Every constant is a float32 (`F32(...)`): in Numba a float32 times a Python number is a
 float64, which would round differently. What does not live here: the legacy types
-(quantize.py), the dequantizers (dequant.py), the block layouts (quants.py).
+(quantize.py), the dequantizers (dequant.py), the block layouts (gguf/quants.py).
 """
 
 from __future__ import annotations

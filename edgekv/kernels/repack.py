@@ -2,7 +2,7 @@
 
 What lives here: `repack(raw, ggml_type, n_rows, n_cols, type_size, lanes) -> Packed`, NumPy,
 run once per weight at model load. What does not: the kernels that read the layout
-(dot_q.py, dot_k.py, unpack.py, matvec.py) and the file layout itself (quants.py).
+(dot_q.py, dot_k.py, unpack.py, matvec.py) and the file layout itself (gguf/quants.py).
 
 The lane layout: rows are taken R = `lanes` at a time (a "group"; the last group is
 padded with zero rows) and every field of a block is stored with the group's R rows

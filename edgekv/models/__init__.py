@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..backends import Backend, get_backend
 from ..errors import UnsupportedModelError
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .gemma3 import Gemma3Model
 from .llama import LlamaModel
 from .phi3 import Phi3Model

@@ -4,7 +4,7 @@ What lives here: hyperparameters read from GGUF keys (`HParams`), weight loading
 shape and type checks before any kernel runs (`WeightLoader`), the per-session scratch
 buffers (`Scratch`), and what every architecture shares (`Decoder`: attention over the
 cache, RoPE tables, key shifts, final logits). What does not: an architecture's own
-graph (one file each: llama.py, gemma3.py), the cache's policies (cache.py), and any
+graph (one file each: llama.py, gemma3.py), the cache's policies (kv/cache.py), and any
 kernel: models call only their backend (backends/base.py).
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend
-from ..batch import CacheBatch
-from ..cache import KVCache
+from ..kv.batch import CacheBatch
+from ..kv.cache import KVCache
 from ..errors import GGUFError, UnsupportedModelError
-from ..gguf import GGUFFile
-from ..quants import QUANT_TYPES, dequantize, non_finite_tensors
+from ..gguf.reader import GGUFFile
+from ..gguf.quants import QUANT_TYPES, dequantize, non_finite_tensors
 from .keys import read_float, read_int
 from .rope import RopeScaling, read_rope_scaling
 
@@ -256,7 +256,7 @@ class Decoder:
                     one.observer(layer, r.positions, q[i : i + 1], k[i : i + 1])
             self.backend.attend_batch(cache, res, layer, q, k, v, out, scale, s)
             return
-        if cache.observer is not None:  # a calibration pass (kv_calibration.py)
+        if cache.observer is not None:  # a calibration pass (kv/calibration.py)
             cache.observer(layer, res.positions, q, k)
         self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions, q, k, v, out, scale, s)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams
 from .keys import read_float, read_int
 

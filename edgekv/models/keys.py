@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import GGUFError
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 
 MAX_HPARAM = 2**31 - 1  # llama.cpp keeps these in (u)int32
 

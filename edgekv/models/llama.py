@@ -24,7 +24,7 @@ import numpy as np
 
 from ..backends import Backend
 from ..backends.base import ROPE_NORM
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .base import Decoder, HParams, LayerWeights, Scratch, WeightLoader, load_layer, read_common_hparams
 from .keys import read_int
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .base import LayerWeights, WeightLoader, share_inputs
 from .llama import LlamaModel
 

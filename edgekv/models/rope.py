@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from ..gguf import GGUFFile
+from ..gguf.reader import GGUFFile
 from .keys import read_float
 
 SCALING_TYPES = ("none", "linear", "yarn", "longrope")

@@ -16,7 +16,7 @@ handed in a decode step since its last prefill chunk.
 Errors: a pass that raises fails its own chunk only; a batched step that raises is re-run
 row by row so that only the session that caused it sees the error.
 What does not: which conversation a request belongs to (sessions.py), HTTP (app.py), the
-arithmetic (batch.py, models/).
+arithmetic (kv/batch.py, models/).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..batch import DecodeStep, decode_together
+from ..kv.batch import DecodeStep, decode_together
 
 log = logging.getLogger("edgekv")
 

@@ -5,7 +5,7 @@ What lives here: the base file, in llama-perplexity's format so that either prog
 other's (`BaseWriter`, `BaseFile`); the per-token statistics (`KLDStats.add`, llama.cpp's
 log_softmax against a base row: KLD, same top token, probability of the right token) and the
 report llama-perplexity prints (`KLDStats.report`). What does not: evaluating chunks
-(perplexity.py), the command (cli/perplexity.py).
+(lab/perplexity.py), the command (cli/perplexity.py).
 
 The format: "_logits_", then int32 n_ctx, n_vocab, n_chunk, then the n_chunk * n_ctx tokens
 (int32, as tokenized: the BOS that replaces each chunk's first token is not written), then for
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .atomic_file import AtomicFile
-from .errors import EdgeKVError
+from ..atomic_file import AtomicFile
+from ..errors import EdgeKVError
 
 MAGIC = b"_logits_"
 FLOOR = 16.0  # log-probs more than this below the top are stored as the floor

@@ -6,14 +6,14 @@ the bottom edge); the Pareto front is joined by a line and its points filled, th
 hollow. Points carry numbers; a key beside the plot names them (CachePair.label: a per-layer
 mix as its main type and where the others are) with their bits and KLD. matplotlib is an
 optional extra (`pip install edgekv[plot]`).
-What does not live here: the measurements (kv_report.py).
+What does not live here: the measurements (lab/kv_report.py).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from .errors import EdgeKVError
+from ..errors import EdgeKVError
 
 
 # where a point's number may go, in points from the point: right, left, above, below, the

@@ -21,7 +21,7 @@ fingerprint, the context size and CALIBRATION_VERSION), and travel inside saved 
 a state always decodes with the map its rows were stored through. The map depends on the
 context size because RoPE turns K's mean with the position (measure() says how); a cache
 that grows re-codes its K rows for the larger context's map (KVCache.copy_from).
-What does not live here: applying the map (row_transforms.KeyMap, the backend's attend).
+What does not live here: applying the map (kv/key_map.KeyMap, the backend's attend).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from .cache import SINKS, KeyMap
-from .kernels.jit_cache import kernel_cache_dir
+from ..kernels.jit_cache import kernel_cache_dir
 from .layer_types import spec_types
-from .quants import KV_CACHE_TYPES
+from .types import KV_CACHE_TYPES
 
 log = logging.getLogger("edgekv")
 
-CALIBRATION_TEXT = Path(__file__).with_name("data") / "calibration.txt"
+CALIBRATION_TEXT = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"
 CALIBRATION_VERSION = 2  # bump when the text or the estimator changes: cached maps go stale
 MAX_TOKENS = 1024
 OFFSETS = 16  # the calibration text counted at this many offsets over the trained context
@@ -90,7 +90,7 @@ def measure(network, tokens: list[int], n_ctx: int, n_batch: int = 512, n_offset
     hold: a channel pair that RoPE turns slowly keeps its mean, one it turns fast over the
     context has none (measured on SmolLM2: the map of positions 0-856 alone lost its whole
     gain at positions 2048-4095; one spread over 0-8191 halved it at -c 512)."""
-    from .session import Session  # the session module builds caches from this one's maps
+    from ..session import Session  # the session module builds caches from this one's maps
 
     hp = network.hp
     session = Session(network, len(tokens), n_batch, "f32", "f32")
@@ -145,7 +145,7 @@ def key_map(model, n_ctx: int) -> KeyMap:
     maps = model.__dict__.setdefault("_key_maps", {})
     if n_ctx in maps:
         return maps[n_ctx]
-    from .state_file import model_fingerprint
+    from ..state_file import model_fingerprint
 
     path = _cache_path(model_fingerprint(model), n_ctx)
     found = _read(path, model.hp)
@@ -166,7 +166,7 @@ def _measuring_network(model):
     property of the model, and is kept on disk: the pass runs once per model and context)."""
     if model.backend.name in ("cpu", "cpu-portable"):
         return model.network
-    from .loader import load
+    from ..loader import load
 
     return load(model.gguf.path, backend="cpu").network
 

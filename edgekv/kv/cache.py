@@ -3,9 +3,9 @@
 Layout per layer: K u8[n_kv_heads, cap, row_bytes_k] and V u8[n_kv_heads, cap,
 row_bytes_v], one token's head_dim values per row, stored in the cache type's ggml block
 format (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_cal; K and V chosen
-separately, and per layer when the type spec is a mix: layer_types.py), so V is never
+separately, and per layer when the type spec is a mix: kv/layer_types.py), so V is never
 transposed and a quantized row is quantized once, on write. A calibrated K type (iq4_cal)
-stores K through the model's `KeyMap` (kv_calibration.py says why and how it is
+stores K through the model's `KeyMap` (kv/calibration.py says why and how it is
 measured). `pos[layer][s]` is the absolute position held by slot s (-1 when empty);
 attention reads positions only for its masks, so slots are used in any order and nothing
 is ever copied on wrap.
@@ -32,12 +32,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends import Backend, LayerView, get_backend
-from .errors import ContextFullError, EdgeKVError
+from ..backends import Backend, LayerView, get_backend
+from ..errors import ContextFullError, EdgeKVError
 from .heavy_hitters import AttentionTallies
-from .row_transforms import KeyMap, keep_sinks, recode_keys, rotate, rotation_for
+from ..kernels.rows import keep_sinks, rotate, rotation_for
+from .key_map import KeyMap, recode_keys
 from .layer_types import layer_kinds, spec_name
-from .quants import KV_CACHE_TYPES
+from .types import KV_CACHE_TYPES
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)
 # A calibrated K type keeps the K of the first SINKS positions also in f32 beside the ring
@@ -67,13 +68,13 @@ class KVCache:
                  key_map: KeyMap | None = None, track_attention: bool = False):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
-        # per layer: a cache type spec may mix types over the layers (layer_types.py)
+        # per layer: a cache type spec may mix types over the layers (kv/layer_types.py)
         self.kinds_k = layer_kinds("cache_type_k", type_k, head_dim_k, n_layers)
         self.kinds_v = layer_kinds("cache_type_v", type_v, head_dim_v, n_layers)
         if self.calibrated and key_map is None:
-            raise EdgeKVError(f"cache_type_k={type_k!r} needs the model's key map (kv_calibration.key_map)")
+            raise EdgeKVError(f"cache_type_k={type_k!r} needs the model's key map (kv/calibration.py: key_map_for)")
         self.key_map = key_map if self.calibrated else None
-        # who sees each layer's Q and K on their way in (kv_calibration measures with it)
+        # who sees each layer's Q and K on their way in (kv/calibration.py measures with it)
         self.observer = None
         self.capacity = capacity
         self.type_k, self.type_v = spec_name(self.kinds_k), spec_name(self.kinds_v)  # canonical specs

@@ -11,8 +11,8 @@ llama.cpp computes it.
 
 Only the scored half of a chunk asks for logits, in pieces of at most LOGIT_ROWS rows, so
 a 262k vocabulary needs ~130 MB of logits rather than n_ctx full rows.
-What does not live here: the commands (cli/perplexity.py; kv_report.py compares cache types
-with the same chunks), KL divergence against a saved base (kl_divergence.py), the forward
+What does not live here: the commands (cli/perplexity.py; lab/kv_report.py compares cache types
+with the same chunks), KL divergence against a saved base (lab/kl_divergence.py), the forward
 pass (models/, session.py).
 """
 
@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import EdgeKVError
+from ..errors import EdgeKVError
 
 LOGIT_ROWS = 128
 

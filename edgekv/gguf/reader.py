@@ -2,7 +2,7 @@
 
 What lives here: parsing the header, metadata and tensor directory, with every length,
 count and offset checked against the file before it is used, and raw tensor bytes as
-zero-copy views of one read-only memory map. What does not: block formats (quants.py)
+zero-copy views of one read-only memory map. What does not: block formats (gguf/quants.py)
 and what a tensor means to a model (models/).
 
 Why our own parser: the `gguf` package's GGUFReader makes a NumPy view per array
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .errors import GGUFError
+from ..errors import GGUFError
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4

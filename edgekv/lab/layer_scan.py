@@ -14,7 +14,7 @@ other); q8_0 in layers 2 and 10 takes iq4_cal's 0.0263 to 0.0198 at 4.63 bits, b
 uniform q5_0 (0.0222 at 5.5 bits), while the rule of thumb "first and last two layers"
 gives 0.0245 at 4.77 bits (benchmarks/README.md has the tables). The costs do not add up:
 their sum is 0.098, the all-iq4_cal cache's KLD 0.026, so they rank layers, nothing more.
-What does not live here: the spec syntax (layer_types.py), the measuring (kv_report.py).
+What does not live here: the spec syntax (kv/layer_types.py), the measuring (lab/kv_report.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .kv_report import CachePair, measure_quality
-from .layer_types import spec_name
-from .quants import kv_cache_type
+from ..kv.layer_types import spec_name
+from ..kv.types import kv_cache_type
 
 BASE = CachePair("f32", "f32")
 GROUP = 8  # layers measured against one base pass (each holds a session of n_ctx)

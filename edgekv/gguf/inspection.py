@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .backends.cpu import CPUBackend
-from .errors import EdgeKVError
-from .gguf import GGUFFile
+from ..backends.cpu import CPUBackend
+from ..errors import EdgeKVError
+from .reader import GGUFFile
 from .quants import QUANT_TYPES, non_finite_tensors
 
 SHOWN_ITEMS = 8  # an array longer than this is shown as its length and first items
@@ -83,9 +83,9 @@ def _tensors(g: GGUFFile) -> tuple[list[dict], dict[str, dict]]:
 def _model_problems(g: GGUFFile) -> list[str]:
     """Why the loader would refuse a well-formed file: architecture, hyperparameters,
     tensor names/shapes/types, tokenizer, chat template (each checked as loading does)."""
-    from .models import build_model
-    from .text.chat_format import ChatFormatter
-    from .text.tokenizer import Tokenizer
+    from ..models import build_model
+    from ..text.chat_format import ChatFormatter
+    from ..text.tokenizer import Tokenizer
 
     problems = []
     try:

@@ -4,11 +4,11 @@ What lives here: `make_tiny_model()` and its command line. A tiny model has the 
 architecture's metadata keys and tensor names (Qwen2's biases, Qwen3's Q/K norms, Phi-3's
 fused attn_qkv and gate+up, LongRoPE factors; "mistral" is a `llama` GGUF with a sliding
 window and Llama 2's SentencePiece), a real (synthetic) tokenizer of its family
-(tiny_vocab.py) and random weights scaled as normal(0, 1/sqrt(fan_in)) so
+(testing/tiny_vocab.py) and random weights scaled as normal(0, 1/sqrt(fan_in)) so
 activations stay O(1) through the layers. Norm weights stay F32 as in real GGUFs; the
-matrices take the requested type. What does not live here: reading GGUFs (edgekv/gguf.py)
-and the reference block formats (edgekv/quants.py). It needs only numpy, `gguf` and
-tiny_vocab.py (no other edgekv module): tests build their models with it, `edgekv warmup` compiles the
+matrices take the requested type. What does not live here: reading GGUFs (edgekv/gguf/reader.py)
+and the reference block formats (edgekv/gguf/quants.py). It needs only numpy, `gguf` and
+testing/tiny_vocab.py (no other edgekv module): tests build their models with it, `edgekv warmup` compiles the
 kernels on its models, and tools/make_tiny_model.py is its command line.
 
 Quantization: F16 by numpy; BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 by `gguf.quants.quantize`;
@@ -19,7 +19,7 @@ llama.cpp, a K-type request falls back per tensor when a row is not a multiple o
 to get K-type blocks in every matrix.
 
     python tools/make_tiny_model.py tiny.gguf --arch gemma3 --type Q8_0
-    python -m edgekv.tiny_model tiny.gguf --arch gemma3 --type Q8_0
+    python -m edgekv.testing.tiny_model tiny.gguf --arch gemma3 --type Q8_0
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What lives here: `memory_report` (every figure `edgekv mem` prints, as numbers), the
 compute-buffer estimate, bytes per token for each cache type, and the report as text.
-What does not: choosing the context (context.py), the command's options (cli/mem.py).
+What does not: choosing the context (kv/plan.py), the command's options (cli/mem.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .context import KVPlan, format_bytes, weight_bytes
-from .quants import KV_CACHE_TYPES
+from ..kv.memory import format_bytes
+from ..kv.plan import KVPlan, weight_bytes
+from ..kv.types import KV_CACHE_TYPES
 
 if TYPE_CHECKING:
-    from .backends.base import DeviceMemory
+    from ..backends.base import DeviceMemory
 
 F32 = 4  # bytes of a float32
 

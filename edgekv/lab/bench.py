@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
 
 import numpy as np
 
-from .errors import EdgeKVError
-from .system_info import cpu_info
+from ..errors import EdgeKVError
+from ..system_info import cpu_info
 
 if TYPE_CHECKING:
-    from .gguf import GGUFFile
-    from .loader import Model
-    from .models.base import HParams
+    from ..gguf.reader import GGUFFile
+    from ..loader import Model
+    from ..models.base import HParams
 
 BACKEND = "numba"
 RECORD_FIELDS = ("edgekv_version", "cpu_info", "backends", "model_filename", "model_type", "model_size",
@@ -99,7 +99,7 @@ def bench_matrix(n_prompt: Sequence[int], n_gen: Sequence[int], n_depth: Sequenc
 def check_tests(tests: Sequence[BenchTest], hp: "HParams", model_name: str, max_threads: int) -> None:
     """EdgeKVError for the first test this model cannot run: a cache type unknown or not
     fitting its head size, a context beyond the trained one, more threads than there are."""
-    from .layer_types import layer_kinds
+    from ..kv.layer_types import layer_kinds
 
     if not tests:
         raise EdgeKVError("nothing to measure: every prompt length (-p) and generation length (-n) is 0")
@@ -157,7 +157,7 @@ class BenchRunner:
     `sample()` times one repetition and returns its nanoseconds."""
 
     def __init__(self, model: "Model", test: BenchTest, warmup: bool = True, seed: int = 0):
-        from .kernels.config import set_num_threads
+        from ..kernels.config import set_num_threads
 
         self._set_threads = set_num_threads
         self.test = replace(test, n_threads=set_num_threads(test.n_threads))
@@ -274,7 +274,7 @@ def backend_label(backend) -> str:
 
 @lru_cache(maxsize=1)
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 

@@ -1,12 +1,12 @@
 """`edgekv quantize`: a GGUF model in, the same model in another type (or mixture) out.
 
-What lives here: `quantize_model`, which plans (quantize_plan.py), checks the plan against
+What lives here: `quantize_model`, which plans (quantize/plan.py), checks the plan against
 what the source holds, then streams the model tensor by tensor: rows are dequantized to
 float32 in slabs of at most SLAB_BYTES, quantized on all cores (kernels/quantize_k.py), and
-written to a temporary file that becomes the output only when complete (gguf_write.py).
+written to a temporary file that becomes the output only when complete (gguf/writer.py).
 Memory stays at a slab or two whatever the model size: the source is memory-mapped and each
 tensor's pages are released once written. What does not: the per-tensor type rules
-(quantize_plan.py), the CLI (cli/quantize.py).
+(quantize/plan.py), the CLI (cli/quantize.py).
 
 The output is what llama-quantize writes for the same source, type and flags: the same
 metadata (copied entry for entry, `general.quantization_version` and `general.file_type` set
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import quants
-from .errors import QuantizeError
-from .gguf import GGUFFile
-from .gguf_write import GGUFOutput, TensorEntry, kv_u32
-from .kernels.jit_cache import kernels_cached, mark_warm
-from .quantize_plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization
+from ..gguf import quants
+from ..errors import QuantizeError
+from ..gguf.reader import GGUFFile
+from ..gguf.writer import GGUFOutput, TensorEntry, kv_u32
+from ..kernels.jit_cache import kernels_cached, mark_warm
+from .plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization
 
 SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION
@@ -85,7 +85,7 @@ def output_metadata(g: GGUFFile, plan: QuantPlan) -> list[bytes]:
 def tensor_chunks(g: GGUFFile, t: TensorPlan):
     """The output bytes of one planned tensor, in slabs of rows (uint8 arrays): the source's
     bytes when its type is kept, else its rows dequantized to float32 and quantized."""
-    from .kernels.quantize_k import quantize_weight_rows
+    from ..kernels.quantize_k import quantize_weight_rows
 
     src = g.tensors[t.name]
     if not t.converts:

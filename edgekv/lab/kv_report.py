@@ -1,7 +1,7 @@
 """What each KV cache type costs a model on a text: `edgekv kv-report`'s measurements.
 
 For each K/V cache type pair: perplexity (llama.cpp's llama-perplexity method,
-perplexity.py), the mean KL divergence of its next-token distributions from the f16/f16
+lab/perplexity.py), the mean KL divergence of its next-token distributions from the f16/f16
 cache's and how often both put the same token on top (llama-perplexity's
 --kl-divergence figures), the bits one value takes and the bytes one token takes over all
 layers, the longest context whose cache fits a memory budget (context.max_context),
@@ -9,10 +9,10 @@ and decode speed at a depth (llama-bench's tg at -d). One f16/f16 pass gives the
 chunk is evaluated by the base and then by every pair before the next chunk, so only one
 chunk's base log-probs are ever held (~50 MB for a 49k vocabulary, ~270 MB for 262k).
 A pair is on the Pareto front when no other pair is both smaller and closer to f16.
-A type may be a per-layer mix (layer_types.py: `q8_0:2+q4_0+q8_0:2`); `mix_verdicts`
+A type may be a per-layer mix (kv/layer_types.py: `q8_0:2+q4_0+q8_0:2`); `mix_verdicts`
 says whether any mix beats the uniform types on the front (issue 14 item 3).
 What does not live here: the command and its table (cli/kv_report.py), the plot
-(kv_plot.py), the method's chunks and NLL (perplexity.py).
+(lab/kv_plot.py), the method's chunks and NLL (lab/perplexity.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .bench import BenchTest, run_test
-from .layer_types import canonical, summary
-from .context import kv_row_bytes, max_context
-from .errors import EdgeKVError
+from ..kv.layer_types import canonical, summary
+from ..kv.plan import kv_row_bytes, max_context
+from ..errors import EdgeKVError
 from .perplexity import chunk_logits, count_chunks, token_nll
 
 BASE = ("f16", "f16")

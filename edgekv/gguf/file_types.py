@@ -1,6 +1,6 @@
 """The file types `edgekv quantize` writes, by name, as plain strings.
 
-Apart from quantize_plan.py (which turns them into gguf's enums) so that the command line can
+Apart from quantize/plan.py (which turns them into gguf's enums) so that the command line can
 list them in its help without importing the gguf package at every start (~45 ms).
 """
 

@@ -12,14 +12,18 @@ Figures, in order of preference when equal:
   inactive file cache (reclaimable, as `docker stats` counts it);
 - "MemAvailable (/proc/meminfo)";
 - "sysconf free pages": free physical pages, where /proc/meminfo cannot be read.
-What does not live here: the budget's arithmetic (context.default_mem_budget).
+Also the byte sizes people type and read (`parse_size`: '2G'; `format_bytes`: '1.50 GiB').
+What does not live here: the budget's arithmetic (kv/plan.py: default_mem_budget).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import EdgeKVError
 
 
 @dataclass(frozen=True)
@@ -28,8 +32,6 @@ class FreeMemory:
     source: str  # which figure, for `edgekv mem` and the logs
 
     def __str__(self) -> str:
-        from .context import format_bytes
-
         return f"{format_bytes(self.bytes)} ({self.source})"
 
 
@@ -112,3 +114,23 @@ def _inactive_file(folder: Path) -> int:
         return int(stat.get("total_inactive_file", stat.get("inactive_file", 0)))
     except (OSError, ValueError):
         return 0
+
+
+def format_bytes(n: int | float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '2G', '1.5g', '4096', '2GiB' -> bytes (binary multiples: 1K = 1024)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise EdgeKVError(f"memory size {text!r}: expected a number with an optional K, M, G or T suffix "
+                          f"(e.g. 512M, 2G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

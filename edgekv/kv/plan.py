@@ -8,7 +8,7 @@ context a budget holds (`max_context`, for `edgekv kv-report`). This is DESIGN.m
 section 3's formula `2 * n_layers * n_kv_heads * head_dim * n_ctx * bytes_per_element`
 made visible, per cache type and per layer kind.
 
-What does not: the memory report of `edgekv mem` (mem_report.py); allocating anything. The cache (cache.py) makes the rings a plan describes,
+What does not: the memory report of `edgekv mem` (lab/mem_report.py); allocating anything. The cache (kv/cache.py) makes the rings a plan describes,
 the session decides when a ring grows or overflows; nothing here reads weight data.
 
 Capacity of layer i (slots in its ring), with n_ctx the plan's context:
@@ -18,8 +18,8 @@ Capacity of layer i (slots in its ring), with n_ctx the plan's context:
 A window layer needs its window plus one prefill chunk: the chunk's first token still
 attends to `window` older tokens while the chunk's own K/V are already written.
 KV bytes = sum_i capacity_i * n_kv_heads * (row_bytes_k_i + row_bytes_v_i), row bytes from
-layer i's cache type's ggml block format (quants.py; a type spec may mix types over the
-layers, layer_types.py).
+layer i's cache type's ggml block format (gguf/quants.py; a type spec may mix types over the
+layers, kv/layer_types.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass
 
 from .layer_types import layer_kinds, spec_name
-from .errors import EdgeKVError, UnsupportedModelError
-from .memory import free_memory
+from ..errors import EdgeKVError, UnsupportedModelError
+from .memory import format_bytes, free_memory, parse_size  # noqa: F401  (parse_size: for callers of the plan)
 
 log = logging.getLogger("edgekv")
 
@@ -269,19 +269,6 @@ def within_device(host: int | None, device: int | None) -> int | None:
     return host if device is None else device if host is None else min(host, device)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'512M', '2G', '1.5g', '4096', '2GiB' -> bytes (binary multiples: 1K = 1024)."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise EdgeKVError(f"memory size {text!r}: expected a number with an optional K, M, G or T suffix "
-                          f"(e.g. 512M, 2G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
 # ---- --layer-window ------------------------------------------------------------------------
 
 def parse_layer_windows(spec: str, n_layers: int | None = None) -> dict[int, int]:
@@ -314,7 +301,7 @@ def parse_layer_windows(spec: str, n_layers: int | None = None) -> dict[int, int
 def read_hparams(g):
     """HParams of a GGUFFile from its metadata alone, through the architecture module's
     `read_hparams` (building the model would read the weights)."""
-    from .models import ARCHITECTURES  # imports the kernels: only when a model is read
+    from ..models import ARCHITECTURES  # imports the kernels: only when a model is read
 
     arch = g.architecture
     if arch not in ARCHITECTURES:
@@ -328,10 +315,3 @@ def read_hparams(g):
 def weight_bytes(gguf_file) -> int:
     """Bytes of all tensors in the GGUF's directory (sizes of the mapped views; no data read)."""
     return sum(int(t.data.nbytes) for t in gguf_file.tensors.values())
-
-
-def format_bytes(n: int | float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"

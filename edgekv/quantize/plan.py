@@ -5,7 +5,7 @@ choice of llama.cpp's llama-quant.cpp (`tensor_allows_quantization`, the categor
 the K-quant mixtures, the fallbacks for rows that are not a whole number of blocks), the
 tensor order of its output, and `plan_quantization`, which turns a GGUF file and options into
 a `QuantPlan` without reading a weight. What does not: the arithmetic (kernels/quantize*.py)
-and writing the file (model_quantize.py).
+and writing the file (quantize/model.py).
 
 The rules are llama.cpp's (llama-quant.cpp at the version in llama-cpp-python 0.3.36), kept
 to the file types offered here; a change there is a change here. In short: the output matrix
@@ -27,9 +27,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import LlamaFileType as FT
 
-from .errors import QuantizeError
-from .file_types import ALIASES, FILE_TYPE_NAMES
-from .gguf import tensor_nbytes
+from ..errors import QuantizeError
+from ..gguf.file_types import ALIASES, FILE_TYPE_NAMES
+from ..gguf.reader import tensor_nbytes
 
 QUANTIZED = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
 

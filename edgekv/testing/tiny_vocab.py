@@ -1,10 +1,10 @@
-"""The tokenizers of the tiny test models (edgekv/tiny_model.py): small but real vocabularies.
+"""The tokenizers of the tiny test models (edgekv/testing/tiny_model.py): small but real vocabularies.
 
 What lives here: a GPT-2 byte-level BPE trained on a short corpus (SmolLM2's layout for
 llama, Qwen's for qwen2/qwen3) and SentencePiece vocabularies with byte fallback (Gemma 3's
 layout, and Llama 2's for Mistral and Phi-3), each with its family's special tokens and a
 chat template in its family's turn format; `add_tokenizer` writes one as GGUF keys. What
-does not: the weights and hyperparameters (tiny_model.py) and reading tokenizers
+does not: the weights and hyperparameters (testing/tiny_model.py) and reading tokenizers
 (edgekv/text/).
 """
 

@@ -4,7 +4,7 @@ What lives here: encoding metadata entries (`kv_u32`, `kv_string`, `kv_entry` fo
 another file pass through as their raw bytes, `GGUFFile.raw_kv`), and `GGUFOutput`, which
 writes the header and tensor directory, then each tensor's bytes as they are produced, into an
 AtomicFile (atomic_file.py) that becomes the destination only when every tensor is in. On any error, disk full included, the temporary file is removed and no
-partial output is left. What does not: reading (gguf.py), what goes in (model_quantize.py).
+partial output is left. What does not: reading (gguf/reader.py), what goes in (quantize/model.py).
 
 The layout is llama.cpp's (gguf.cpp): version 3; metadata in the order given; tensor offsets
 and the data section aligned to `general.alignment` (32), zero padding after each tensor.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
 
-from .atomic_file import AtomicFile
-from .gguf import tensor_nbytes
+from ..atomic_file import AtomicFile
+from .reader import tensor_nbytes
 
 GGUF_VERSION = 3
 _U32, _STRING = 4, 8

@@ -15,8 +15,8 @@ beats a uniform type for a model and text; benchmarks/README.md has what it foun
 A spec's canonical name (`spec_name`) spells every segment's count, so two specs that
 give each layer the same type have the same name: state files and saved chats compare it.
 
-What does not live here: the types themselves (quants.KV_CACHE_TYPES), the rows they make
-(cache.py).
+What does not live here: the types themselves (kv/types.py), the rows they make
+(kv/cache.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from .errors import EdgeKVError
-from .quants import KVCacheType, kv_cache_type
+from ..errors import EdgeKVError
+from .types import KVCacheType, kv_cache_type
 
 _SEGMENT = re.compile(r"^([A-Za-z0-9_]+)(?::(\d+))?$")
 

@@ -1,16 +1,15 @@
-"""What a K or V row goes through on its way into a quantized cache, and back.
+"""What a K or V row goes through on its way into a quantized cache, and back: pure row math.
 
 - The Walsh-Hadamard rotation (`hadamard`, `rotation_for`, `rotate`): llama.cpp's, which
   spreads outlier channels over a block before 4-bit rounding.
-- A calibrated K type's map (`KeyMap`, `map_keys`, `map_queries`; kv_calibration.py measures
-  it) and its sink rows (`keep_sinks`; cache.SINKS says why).
+- A calibrated K type's map applied to rows (`map_keys`, `map_queries`; kv/key_map.py holds
+  the map, kv/calibration.py measures it) and its sink rows (`keep_sinks`; kv/cache.py's SINKS
+  says why).
 What does not live here: the block formats (kernels/quantize.py, dequant.py), where rows go
-(cache.py), attention (the backend).
+(kv/cache.py), attention (the backend).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,33 +43,6 @@ def rotate(x: np.ndarray, h: np.ndarray | None) -> None:
         x[...] = (x.reshape(-1, n) @ h).reshape(x.shape)
 
 
-@dataclass(frozen=True)
-class KeyMap:
-    """What a calibrated K type stores instead of K: (k - mean) * scale per channel, the
-    query divided by the same scale, so q . k changes by q . mean, one constant per query
-    and KV head, which softmax ignores. mean, scale: f32[n_layers, n_kv_heads, head_dim]."""
-
-    mean: np.ndarray
-    scale: np.ndarray
-
-    @classmethod
-    def identity(cls, n_layers: int, n_kv_heads: int, head_dim: int) -> "KeyMap":
-        """The map that changes nothing (mean 0, scale 1)."""
-        shape = (n_layers, n_kv_heads, head_dim)
-        return cls(np.zeros(shape, np.float32), np.ones(shape, np.float32))
-
-    def keys(self, layer: int, k: np.ndarray) -> None:
-        map_keys(k, self.mean[layer], self.scale[layer])
-
-    def unkeys(self, layer: int, k: np.ndarray) -> None:
-        """The stored values (f32[m, n_kv_heads, head_dim]) -> K, in place."""
-        k /= self.scale[layer]
-        k += self.mean[layer]
-
-    def same(self, other: "KeyMap | None") -> bool:
-        return other is not None and np.array_equal(self.mean, other.mean) and np.array_equal(self.scale, other.scale)
-
-
 def map_keys(k: np.ndarray, mean: np.ndarray, scale: np.ndarray) -> None:
     """k: f32[m, n_kv_heads, head_dim] -> (k - mean) * scale, in place (one layer's KeyMap)."""
     k -= mean
@@ -88,25 +60,3 @@ def keep_sinks(sink_k: np.ndarray, positions: np.ndarray, k: np.ndarray) -> None
     f32[n_kv, SINKS, hd], one layer's sink rows by position."""
     for t in np.flatnonzero(positions < sink_k.shape[1]):
         sink_k[:, positions[t]] = k[t]
-
-
-def recode_keys(cache, old: KeyMap) -> None:
-    """A KVCache's K rows and sink rows stored through the map `old` -> through its own map (a
-    calibrated K type's cache that grew into a larger context, whose map differs)."""
-    def remap(layer: int, k: np.ndarray) -> None:  # in place
-        rotate(k, cache.rot_k[layer])
-        old.unkeys(layer, k)
-        cache.key_map.keys(layer, k)
-        rotate(k, cache.rot_k[layer])
-
-    for layer, pos in enumerate(cache.pos):
-        if not cache.kinds_k[layer].calibrated:
-            continue
-        slots = np.flatnonzero(pos >= 0)
-        if slots.size:
-            k = cache.load_k(layer, slots)
-            remap(layer, k)
-            cache.write_k(layer, slots, k)
-        sinks = np.ascontiguousarray(cache.sink_k[layer].transpose(1, 0, 2))  # [SINKS, n_kv, hd]
-        remap(layer, sinks)
-        cache.sink_k[layer] = sinks.transpose(1, 0, 2)
