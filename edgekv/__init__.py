@@ -47,18 +47,9 @@ __all__ = [
 ]
 
 
-def _version() -> str:
-    from importlib import metadata  # ~25 ms of imports: only when asked
-
-    try:
-        return metadata.version("edgekv")
-    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        globals()[name] = value = _version()
+        globals()[name] = value = import_module(".version", __name__).version()
         return value
     if name in _LAZY:
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)

@@ -43,6 +43,7 @@ class Model:
             log.warning("compiling kernels for this CPU on first use (up to a minute); "
                         "`edgekv warmup` does it ahead, once per install")
         self.path = str(path)
+        self._fingerprint: str | None = None
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
@@ -72,6 +73,32 @@ class Model:
         n_ctx = n_ctx or min(self.hp.n_ctx_train, 4096)
         return Session(self.network, n_ctx, n_batch, cache_type_k, cache_type_v, context_shift, n_keep, n_discard,
                        layer_windows, key_map_for(self, cache_type_k, n_ctx))
+
+    def fingerprint(self) -> str:
+        """sha256 identifying the model (state_file.model_fingerprint), computed once."""
+        if self._fingerprint is None:
+            from .state_file import model_fingerprint  # ~1 ms of hashing: only when a state or a key map needs it
+
+            self._fingerprint = model_fingerprint(self)
+        return self._fingerprint
+
+    # -- what kv/calibration.py measures a calibrated cache type's key map with ------------------
+
+    def measuring_network(self):
+        """The network whose pass the key map is measured on: this model's own, or on a GPU the
+        same file loaded for the CPU (the observer reads Q and K as host arrays; the map is a
+        property of the model, kept on disk: the pass runs once per model and context)."""
+        if self.backend.name in ("cpu", "cpu-portable"):
+            return self.network
+        return load(self.gguf.path, backend="cpu").network
+
+    @staticmethod
+    def observed_pass(network, tokens: list[int], observer, n_batch: int = 512) -> None:
+        """One pass of `network` over `tokens` with an f32 cache whose observer sees each
+        layer's Q and K (KVCache.attend), in chunks of n_batch."""
+        session = Session(network, len(tokens), n_batch, "f32", "f32")
+        session.cache.observer = observer
+        session.eval(tokens)
 
 
 def _start_numba_in_background() -> threading.Thread:

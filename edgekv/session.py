@@ -5,8 +5,8 @@ one token at a time) on preallocated buffers, prefix reuse, in-memory snapshots
 (`snapshot` / `restore`, a `SessionState`), and the invariant
 `cache.n_tokens == len(tokens)` after every call, including one that raised or was
 interrupted (the bookkeeping runs as `Uninterrupted` blocks, so a Ctrl-C lands either
-before or after it). What does not: sampling (sampling.py), text (tokenizer.py), the public
-facade (llama.py).
+before or after it). What does not: sampling (sampling.py), text (text/tokenizer.py), the public
+facade (api/facade.py).
 """
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .kv import heavy_hitters
 from .kv.cache import KeyMap, KVCache
+from .kv.overflow import overflow_policy
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
 from .models.base import KeyShift
 
 log = logging.getLogger("edgekv")
 
-OVERFLOW_POLICIES = ("none", "shift", "stream", "keep")
-STREAM_SINKS = 4  # StreamingLLM's attention sinks when n_keep is not given (`stream`, `keep`)
-STREAM_BLOCK = 16  # tokens a `stream` overflow evicts at a time (`keep`: up to as many)
 MAX_ENDS = 2  # prompt-end logits a session keeps (see Session._ends)
 # The kinds of forward pass each model has run in this process. Numba loads (or compiles) a
 # kernel on its first call, and a KeyboardInterrupt inside its loader leaves Numba broken
@@ -102,8 +99,7 @@ class Session:
         hp = model.hp
         if n_batch < 1:
             raise EdgeKVError(f"n_batch must be at least 1, got {n_batch}")
-        if context_shift not in OVERFLOW_POLICIES:
-            raise EdgeKVError(f"context_shift={context_shift!r} is not a policy (choose one of {', '.join(OVERFLOW_POLICIES)})")
+        self.policy = overflow_policy(context_shift, n_keep, n_discard)
         if n_keep < 0 or n_discard < 0 or n_keep >= n_ctx:
             raise EdgeKVError(f"n_keep={n_keep}, n_discard={n_discard}: need 0 <= n_keep < n_ctx={n_ctx}, n_discard >= 0")
         self.model = model
@@ -114,9 +110,10 @@ class Session:
             if not 0 <= layer < hp.n_layers or w < 1:
                 raise EdgeKVError(f"layer window {layer}:{w}: layers are 0..{hp.n_layers - 1}, windows at least 1")
             windows[layer] = min(windows[layer], w) if windows[layer] else w
-        self.cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, cache_type_k, cache_type_v,
-                             windows, self.n_batch, self._kept(), model.backend, key_map,
-                             track_attention=context_shift == "keep")
+        self.cache = KVCache(n_layers=hp.n_layers, n_kv_heads=hp.n_kv_heads, head_dim_k=hp.head_dim,
+                             head_dim_v=hp.head_dim_v, capacity=n_ctx, backend=model.backend, type_k=cache_type_k,
+                             type_v=cache_type_v, windows=windows, n_batch=self.n_batch, n_keep=self._kept(),
+                             key_map=key_map, track_attention=self.policy.tracks_attention)
         self.scratch = model.backend.scratch(hp, self.n_batch)
         self.tokens: list[int] = []
         self.n_vocab = hp.n_vocab
@@ -201,9 +198,7 @@ class Session:
 
     def _kept(self) -> int:
         """Tokens at the front an overflow keeps: n_keep, or StreamingLLM's sinks for `stream` and `keep`."""
-        if self.context_shift in ("stream", "keep") and not self.n_keep:
-            return STREAM_SINKS
-        return self.n_keep if self.context_shift != "none" else 0
+        return self.policy.kept()
 
     def _make_room(self, n: int) -> None:
         """Apply the overflow policy until n more tokens fit (llama.cpp's context shift:
@@ -219,7 +214,7 @@ class Session:
             raise ContextFullError(
                 f"a chunk of {n} tokens does not fit a context of {self.n_ctx} with {keep} kept tokens; "
                 f"use a smaller n_batch or a larger context", n_tokens=self.n_tokens + n, n_ctx=self.n_ctx)
-        drop = self._to_evict(need, keep, movable)
+        drop = self.policy.to_evict(self.cache, need, self.n_tokens, self.n_ctx)
         log.info("context full: dropping %d tokens after the first %d (%s)", drop.size, keep, self.context_shift)
         n_ctx = self.cache.capacity
         self.cache.evict(drop, KeyShift(self.model, n_ctx))
@@ -229,20 +224,6 @@ class Session:
         self.n_discarded += drop.size
         self.last_evicted = drop
         self._ends.clear()  # positions moved
-
-    def _to_evict(self, need: int, keep: int, movable: int) -> np.ndarray:
-        """The positions the policy drops to free at least `need` slots, sorted."""
-        if self.context_shift == "shift":
-            n = max(need, self.n_discard or movable // 2)
-        elif self.context_shift == "keep":  # a block small beside the heavy hitters it chooses from
-            n = max(need, min(STREAM_BLOCK, self.n_ctx // 16))
-        else:
-            n = max(need, STREAM_BLOCK)
-        n = min(n, movable)
-        if self.context_shift == "keep":
-            scores = heavy_hitters.score(*self.cache.attention_by_position())
-            return heavy_hitters.choose(scores, keep, heavy_hitters.recent_window(self.n_ctx), n)
-        return np.arange(keep, keep + n)
 
     def _eval_chunk(self, chunk: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> None:
         """Evaluate one chunk, all or nothing: on an error or a Ctrl-C the cache forgets the
@@ -333,9 +314,10 @@ class Session:
         new = Session(self.model, new_n_ctx, n_batch or self.n_batch, c.type_k, c.type_v, self.context_shift,
                       self.n_keep, self.n_discard, None, key_map or c.key_map)
         if new.cache.windows != c.windows:  # layer_windows are not kept on the session: rebuild the rings
-            new.cache = KVCache(len(c.k), c.k[0].shape[0], c.head_dim_k, c.head_dim_v, new_n_ctx, c.type_k, c.type_v,
-                                c.windows, new.n_batch, new._kept(), c.backend, key_map or c.key_map,
-                                track_attention=c.tallies is not None)
+            new.cache = KVCache(n_layers=len(c.k), n_kv_heads=c.k[0].shape[0], head_dim_k=c.head_dim_k,
+                                head_dim_v=c.head_dim_v, capacity=new_n_ctx, backend=c.backend, type_k=c.type_k,
+                                type_v=c.type_v, windows=c.windows, n_batch=new.n_batch, n_keep=new._kept(),
+                                key_map=key_map or c.key_map, track_attention=c.tallies is not None)
         new.cache.copy_from(c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits

@@ -15,15 +15,15 @@ from .backends import Backend, available_backends, kernel_map
 from .kernels.config import get_num_threads
 from .kernels.cpu_features import IS_AARCH64, host_cpu_name, host_has
 from .kernels.jit_cache import kernel_cache_dir
+from .version import version
 
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512vnni", "avx512bw")  # LLVM's names (x86)
 ARM_FEATURES = ("dotprod",)  # LLVM's names of the optional AArch64 features the kernels use
 
 
 def edgekv_version() -> str:
-    from . import __version__
-
-    return "unknown (not installed)" if __version__ == "0+unknown" else __version__
+    v = version()
+    return "unknown (not installed)" if v == "0+unknown" else v
 
 
 # Arm's part numbers (/proc/cpuinfo "CPU part" where "CPU implementer" is 0x41) of the

@@ -12,7 +12,7 @@ import pytest
 
 from edgekv.kv.batch import DecodeStep, decode_together
 from edgekv.loader import load
-from edgekv.models.base import Scratch
+from edgekv.backends.contract import Scratch
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a little fox who",
            "def fibonacci(n):\n    ", "Water boils at a temperature of"]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgekv.backends import get_backend
 from edgekv.kv.cache import CACHE_TYPES, KVCache
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
+
+CPU = get_backend("cpu")  # the backend a cache is handed
 
 TOKENS = [5, 17, 42, 3, 99, 7, 64, 12, 8, 30, 2, 77, 51, 9, 14, 33, 21, 60, 11, 4]
 QUANTIZED_DIMS = dict(dim=128, n_heads=4, n_kv_heads=2, head_dim=32, ff=256)  # head rows of one block
@@ -51,7 +54,8 @@ def test_bytes_per_token_of_smollm2_geometry():
     # 30 layers, 3 KV heads of 64 values, K and V
     expected = {"f16": 23_040, "q8_0": 12_240, "q4_0": 6_480, "iq4_nl": 6_480}
     for name, total in expected.items():
-        cache = KVCache(30, 3, 64, 64, 4, name, name)
+        cache = KVCache(n_layers=30, n_kv_heads=3, head_dim_k=64, head_dim_v=64, capacity=4, backend=CPU, type_k=name,
+                        type_v=name)
         assert sum(cache.bytes_per_token()) == total
         assert cache.nbytes == 4 * total
 
@@ -91,7 +95,7 @@ def test_quantized_caches_rotate_like_llama_cpp(tiny_model):
 
 
 def test_f16_cache_saturates_values_beyond_its_range():
-    cache = KVCache(1, 1, 32, 32, 4, "f16", "f16")
+    cache = KVCache(n_layers=1, n_kv_heads=1, head_dim_k=32, head_dim_v=32, capacity=4, backend=CPU)
     k = np.full((1, 1, 32), 1e6, np.float32)
     k[0, 0, 1] = -1e9
     res = cache.reserve(1)
@@ -128,7 +132,7 @@ def test_iq4_nl_rows_are_read_in_place_as_they_dequantize():
 
     from edgekv.kernels.attention_q import IQ4_NL_IN_PLACE, attention_rows
     from edgekv.kernels.config import max_threads
-    from edgekv.gguf.quants import quantize
+    from edgekv.kv.types import quantize
 
     assert IQ4_NL_IN_PLACE
     rng = np.random.default_rng(3)

@@ -12,13 +12,17 @@ import re
 import pytest
 
 from edgekv.kv import plan as context
+from edgekv.backends import get_backend
 from edgekv.kv.cache import KVCache
 from edgekv.cli import main
 from edgekv.kv.plan import (GLOBAL, REASON_BUDGET, REASON_INPUT, REASON_REQUESTED, REASON_TRAINED, SLIDING,
                             WINDOWED, parse_layer_windows, parse_size, plan_context)
 from edgekv.errors import EdgeKVError
 from edgekv.gguf.reader import GGUFFile
+from edgekv.models import read_hparams
 from edgekv.models.base import HParams
+
+CPU = get_backend("cpu")  # the backend a cache is handed
 
 KV_RTOL = 0.01  # the report's KV total vs KVCache.nbytes (the brief's bound; today they are equal)
 
@@ -88,7 +92,7 @@ def test_smollm2_bytes_per_token_per_cache_type():
 
 def test_sliding_window_layers_of_a_tiny_gemma3(tiny_model):
     g = GGUFFile(tiny_model("gemma3"))  # 7 layers, window 8, trained context 256
-    hp = context.read_hparams(g)
+    hp = read_hparams(g)
     assert hp.window == 8 and hp.local_layers == (True,) * 5 + (False, True)
     plan = plan_context(hp, 20, 10, n_batch=16)
     assert plan.n_ctx == 256
@@ -168,8 +172,9 @@ def test_mem_on_smollm2_matches_the_cache(capsys, smollm2_path, argv, n_ctx, rea
     assert f"KV per token:    K {per_token[types[0]]:,} + V {per_token[types[1]]:,}" in out
     assert "f16 23,040" in out and "q8_0 12,240" in out and "q4_0 6,480" in out
     g = GGUFFile(smollm2_path)
-    hp = context.read_hparams(g)
-    cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, n_ctx, *types)
+    hp = read_hparams(g)
+    cache = KVCache(n_layers=hp.n_layers, n_kv_heads=hp.n_kv_heads, head_dim_k=hp.head_dim, head_dim_v=hp.head_dim_v,
+                    capacity=n_ctx, backend=CPU, type_k=types[0], type_v=types[1])
     assert kv_total(out) == pytest.approx(cache.nbytes, rel=KV_RTOL)
     assert sum(cache.bytes_per_token()) == per_token[types[0]] + per_token[types[1]]
     weights = int(re.search(r"weights:\s+([\d,]+) bytes", out).group(1).replace(",", ""))
@@ -179,12 +184,13 @@ def test_mem_on_smollm2_matches_the_cache(capsys, smollm2_path, argv, n_ctx, rea
 
 def test_mem_on_gemma3(capsys, gemma3_path):
     g = GGUFFile(gemma3_path)
-    hp = context.read_hparams(g)
+    hp = read_hparams(g)
     assert hp.window == 512 and sum(hp.local_layers) == 15
     # n_ctx <= window + n_batch: every ring has n_ctx slots, as the KVCache of today
     rc, out, err = mem_cli(capsys, "-m", str(gemma3_path), "-c", "1024")
     assert rc == 0, err
-    cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, 1024)
+    cache = KVCache(n_layers=hp.n_layers, n_kv_heads=hp.n_kv_heads, head_dim_k=hp.head_dim, head_dim_v=hp.head_dim_v,
+                    capacity=1024, backend=CPU)
     assert kv_total(out) == pytest.approx(cache.nbytes, rel=KV_RTOL)
     assert re.search(r"global\s+3 layers x\s+1024 slots", out)
     assert re.search(r"sliding-window\s+15 layers x\s+1024 slots", out)
@@ -199,11 +205,12 @@ def test_mem_on_gemma3(capsys, gemma3_path):
 def test_plan_windows_make_a_cache_of_the_planned_size(tiny_model):
     """The per-layer case: KVCache(windows=plan.windows, n_batch=plan.n_batch) allocates
     exactly the planned capacities (kv/cache.py's windowed rings)."""
-    hp = context.read_hparams(GGUFFile(tiny_model("gemma3")))
+    hp = read_hparams(GGUFFile(tiny_model("gemma3")))
     plan = plan_context(hp, 100, 20, n_batch=16, layer_windows={5: 40}, cache_type_v="bf16")
     assert not plan.uniform and plan.windows == (8,) * 5 + (40, 8)
-    cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, plan.n_ctx, plan.cache_type_k,
-                    plan.cache_type_v, windows=plan.windows, n_batch=plan.n_batch)
+    cache = KVCache(n_layers=hp.n_layers, n_kv_heads=hp.n_kv_heads, head_dim_k=hp.head_dim, head_dim_v=hp.head_dim_v,
+                    capacity=plan.n_ctx, backend=CPU, type_k=plan.cache_type_k, type_v=plan.cache_type_v,
+                    windows=plan.windows, n_batch=plan.n_batch)
     assert [k.shape[1] for k in cache.k] == list(plan.capacities)
     assert cache.nbytes == plan.kv_bytes
 

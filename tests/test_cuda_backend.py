@@ -274,7 +274,7 @@ def test_launch_shapes_cover_the_work():
 
 
 def test_device_scratch_has_the_cpu_scratchs_buffers(tiny_model):
-    from edgekv.models.base import Scratch
+    from edgekv.backends.contract import Scratch
 
     hp = load(tiny_model("gemma3")).hp
     cpu, dev = Scratch(hp, 4, 1), DeviceScratch(hp, 4, EmulatedDevice())

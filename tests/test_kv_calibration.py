@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edgekv.kv import calibration as kc
+from edgekv.backends import get_backend
 from edgekv.kv.cache import SINKS, KeyMap, KVCache
 from edgekv.kernels.rows import hadamard
 from edgekv.lab.kv_report import CachePair, measure_quality
@@ -51,7 +52,7 @@ def test_key_map_matches_a_float64_estimate(tiny_model, arch, n_ctx):
     path = tiny_model(arch, weight_type="F32", **DIMS)
     model = load(path)
     tokens = list(np.random.default_rng(1).integers(0, model.hp.n_vocab, 48))
-    ours = kc.measure(model.network, tokens, n_ctx)
+    ours = kc.measure(model.network, tokens, n_ctx, model.observed_pass)
     offsets = sorted({int(d) for d in np.linspace(0, n_ctx - 48, kc.OFFSETS)}) if n_ctx > 48 else [0]
     mean, scale = _reference_map(path, tokens, offsets)
     np.testing.assert_allclose(ours.mean, mean, rtol=0, atol=1e-4 * np.abs(mean).max())
@@ -66,7 +67,8 @@ def test_attention_reads_the_sink_row_unrounded(n):
     hd, n_kv, n_heads = 64, 1, 2
     key_map = KeyMap(rng.standard_normal((1, n_kv, hd)).astype(np.float32),
                      np.exp(rng.uniform(-1, 1, (1, n_kv, hd))).astype(np.float32))
-    cache = KVCache(1, n_kv, hd, hd, 128, "iq4_cal", "f32", key_map=key_map)
+    cache = KVCache(n_layers=1, n_kv_heads=n_kv, head_dim_k=hd, head_dim_v=hd, capacity=128, backend=get_backend("cpu"),
+                    type_k="iq4_cal", type_v="f32", key_map=key_map)
     k = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
     k[0, 0, 3] = 40.0
     v = rng.standard_normal((n, n_kv, hd)).astype(np.float32)

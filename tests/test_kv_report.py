@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from edgekv.cli import main
-from edgekv.kv.plan import max_context, read_hparams
+from edgekv.kv.plan import max_context
+from edgekv.models import read_hparams
 from edgekv.errors import EdgeKVError
 from edgekv.gguf.reader import GGUFFile
 from edgekv.lab.kv_report import CachePair, kl_divergence, parse_pairs, pareto_front

@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgekv.backends import get_backend
 from edgekv.kv.cache import KVCache
-from edgekv.kv.plan import plan_context, read_hparams
+from edgekv.kv.plan import plan_context
+from edgekv.models import read_hparams
 from edgekv.errors import EdgeKVError
 from edgekv.gguf.reader import GGUFFile
 from edgekv.kv.layer_types import layer_kinds, spec_name
@@ -67,7 +69,7 @@ def test_each_layer_stores_its_own_rows(mixed_path):
     assert [r is None for r in c.rot_k] == [False] * 4 and [r is None for r in c.rot_v] == [True, True, False, False]
     assert c.key_map is not None and c.calibrated
     views = [c.layer_view(i) for i in range(4)]
-    assert [v.key_scale is not None for v in views] == [False, False, False, True]
+    assert [v.codec_k.key_scale is not None for v in views] == [False, False, False, True]
     with pytest.raises(EdgeKVError, match="differs between layers"):
         c.kind_k
 
@@ -176,7 +178,8 @@ def test_plans_and_caches_count_bytes_layer_by_layer(smollm2_path):
     assert (plan.cache_type_k, plan.cache_type_v) == ("q8_0:2+q4_0:26+q8_0:2", "q4_0")
     assert (plan.bytes_per_token_k, plan.bytes_per_token_v) == (k_bytes, v_bytes)
     assert plan.kv_bytes == 1024 * (k_bytes + v_bytes)
-    cache = KVCache(hp.n_layers, hp.n_kv_heads, hp.head_dim, hp.head_dim_v, 1024, plan.cache_type_k, plan.cache_type_v)
+    cache = KVCache(n_layers=hp.n_layers, n_kv_heads=hp.n_kv_heads, head_dim_k=hp.head_dim, head_dim_v=hp.head_dim_v,
+                    capacity=1024, backend=get_backend("cpu"), type_k=plan.cache_type_k, type_v=plan.cache_type_v)
     assert cache.bytes_per_token() == (k_bytes, v_bytes) and cache.nbytes == plan.kv_bytes
     assert cache.type_k == plan.cache_type_k
     with pytest.raises(EdgeKVError, match="names 32 layers, but the model has 30"):

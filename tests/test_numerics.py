@@ -16,6 +16,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from edgekv import NumericalError, load
+from edgekv.backends import get_backend
 from edgekv.kv.cache import CACHE_TYPES, KeyMap, KVCache
 from edgekv.gguf.quants import QUANT_TYPES, count_non_finite
 from edgekv.kv.types import KV_CACHE_TYPES
@@ -73,7 +74,8 @@ def test_non_finite_values_and_scales_are_counted_like_gguf_dequantizes_them(nam
 @pytest.mark.parametrize("cache_type", CACHE_TYPES)
 def test_values_beyond_a_cache_type_are_stored_saturated(cache_type):
     limit = KV_CACHE_TYPES[cache_type].limit
-    cache = KVCache(1, 1, 32, 32, 4, cache_type, cache_type, key_map=KeyMap.identity(1, 1, 32))
+    cache = KVCache(n_layers=1, n_kv_heads=1, head_dim_k=32, head_dim_v=32, capacity=4, backend=get_backend("cpu"),
+                    type_k=cache_type, type_v=cache_type, key_map=KeyMap.identity(1, 1, 32))
     k = np.linspace(-1, 1, 32, dtype=np.float32) * np.float32(3e38)
     k[3], k[30] = -np.inf, np.inf
     res = cache.reserve(1)

@@ -1,4 +1,4 @@
-"""edgekv.gguf.quants: the format registry, dequantization and the KV-cache quantizers.
+"""edgekv.gguf.quants (the format registry, dequantization) and edgekv.kv.types (the KV-cache quantizers).
 
 The independent reference is the `gguf` package (llama.cpp's own Python port of the
 formats): every type must dequantize bit for bit like `gguf.quants.dequantize`, and every

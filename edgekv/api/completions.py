@@ -129,7 +129,7 @@ class CompletionsMixin:
         logit_bias: {token id: added to its logit}. ignore_eos: never sample an end-of-generation
         token (llama.cpp's --ignore-eos; for long benchmark and test runs). logprobs=n: choices[0]["logprobs"] in the
         completions shape (tokens, text_offset, token_logprobs, top_logprobs with the n most
-        likely and the chosen token; edgekv/logprobs.py), per chunk when streaming.
+        likely and the chosen token; api/logprobs.py), per chunk when streaming.
         grammar: a grammar.Grammar (from_string for GBNF, from_json_schema, json_object, ...)
         or GBNF text: only text the grammar allows is generated, and it ends when it may.
         Returns a `text_completion` dict (with `usage`), or an iterator of chunks when stream.

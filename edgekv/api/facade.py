@@ -99,7 +99,6 @@ class Llama(CompletionsMixin, StateMixin):
         self.metadata = {k: str(v) for k, v in self._model.gguf.metadata.items()
                          if not isinstance(v, (list, tuple, np.ndarray))}
         self.last_stats = GenerationStats()
-        self._fingerprint: str | None = None
 
     def fork(self, runner: Any = None) -> "Llama":
         """Another conversation on the same loaded model: a Llama that shares the weights,

@@ -3,7 +3,7 @@ llama-cpp-python) and state files (`save_state_file` / `load_state_file`).
 
 What lives here: `LlamaState` and `StateMixin`, the part of `Llama` that saves and restores
 its conversation. What does not: the snapshot of the session itself (session.py), the file
-format (state.py), the rest of `Llama` (llama.py).
+format (state_file.py), the rest of `Llama` (api/facade.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import numpy as np
 
 from ..errors import EdgeKVError
 from ..session import SessionState
-from ..state_file import model_fingerprint as fingerprint_of
 from ..state_file import save_session
 
 
@@ -74,7 +73,5 @@ class StateMixin:
 
     @property
     def model_fingerprint(self) -> str:
-        """sha256 identifying the model file (edgekv.state.model_fingerprint), computed once."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint_of(self._model)
-        return self._fingerprint
+        """sha256 identifying the model file (state_file.model_fingerprint), computed once."""
+        return self._model.fingerprint()

@@ -21,7 +21,8 @@ import os
 import sys
 
 from ..errors import EdgeKVError
-from .base import Backend, DeviceMemory, LayerView
+from .base import Backend, DeviceMemory
+from .contract import LayerView, RowCodec, Scratch, SessionRings
 
 BACKENDS = ("cpu", "cpu-portable", "cuda")
 _made: dict[str, Backend] = {}
@@ -164,5 +165,6 @@ def _make(name: str) -> Backend:
     return CPUBackend(name, use_int8dot=name == "cpu")
 
 
-__all__ = ["BACKENDS", "Backend", "DeviceMemory", "LayerView", "available_backends", "cpu_instead", "get_backend",
-           "offload_choice", "resolve_backend_name", "say_whole_offload"]
+__all__ = ["BACKENDS", "Backend", "DeviceMemory", "LayerView", "RowCodec", "Scratch", "SessionRings",
+           "available_backends", "cpu_instead", "get_backend", "offload_choice", "resolve_backend_name",
+           "say_whole_offload"]

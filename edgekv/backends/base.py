@@ -1,12 +1,14 @@
 """The backend interface: every operation a forward pass needs, with its shapes.
 
-What lives here: `Backend`, the abstract class the architectures call (models/*.py never
-import a kernel), and `LayerView`, what the KV cache tells a backend about one layer.
-What does not: any arithmetic (backends/cpu.py, later cuda.py), which kernel serves
-which weight type (backends/kernel_map.py), the cache's bookkeeping (kv/cache.py).
+What lives here: `Backend`, the abstract class the architectures and the KV cache call
+(models/*.py never import a kernel), and `DeviceMemory`. What does not: the records a
+backend is handed (`LayerView`, `Scratch`, ...: backends/contract.py), any arithmetic
+(backends/cpu.py, cuda.py), which kernel serves which weight type (backends/kernel_map.py),
+the cache's bookkeeping (kv/cache.py). A backend imports neither kv/ nor models/: what it
+needs of a cache or a model comes in those records or as duck-typed arguments.
 
 Conventions: activations are float32 NumPy arrays [n_tok, ...] owned by the caller
-(the session's Scratch); operations write into `out` or in place and allocate nothing
+(the session's contract.Scratch); operations write into `out` or in place and allocate nothing
 per token. A weight is whatever `weight()` returned (`QuantMatrix` on the CPU); the
 model keeps it and hands it back. A chunk of n_tok tokens is always one call.
 """
@@ -17,16 +19,14 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
+from .contract import LayerView, Scratch
 
-if TYPE_CHECKING:
-    from ..kv.batch import CacheBatch, ReservationBatch
-    from ..models.rope import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -37,51 +37,6 @@ class DeviceMemory:
     integrated: bool  # shares the host's memory (Jetson): what is mapped is counted once, as the host's
     free: int
     total: int
-
-
-@dataclass
-class LayerView:
-    """One layer of the KV cache as a backend sees it (cache.KVCache.layer_view).
-
-    k, v: u8[n_kv_heads, cap, row_bytes], one token's head in the cache type's ggml
-    blocks per row; type_k / type_v: their ggml types; slot_pos: i32[cap], the position
-    in each slot (-1 empty); n_slots: slots ever written (attention scans [0, n_slots));
-    window: a sliding-window layer's size (0: the whole context); rot_k / rot_v: the
-    Hadamard matrices a quantized cache stores rows rotated by (None: not rotated)."""
-
-    k: np.ndarray
-    v: np.ndarray
-    type_k: int
-    type_v: int
-    slot_pos: np.ndarray
-    n_slots: int
-    window: int
-    rot_k: np.ndarray | None
-    rot_v: np.ndarray | None
-    limit_k: float  # |values| above this are saturated on write (KVCacheType.limit)
-    limit_v: float
-    # a calibrated K type's map (kv/key_map.KeyMap) for this layer: K is stored as
-    # (k - key_mean) * key_scale and queries divided by key_scale, both f32[n_kv_heads, head_dim]
-    key_mean: np.ndarray | None = None
-    key_scale: np.ndarray | None = None
-    # with them, f32[n_kv_heads, SINKS, head_dim]: the stored K of the first positions, kept
-    # in f32 (cache.SINKS); attention reads a slot holding position p < SINKS from here
-    sink_k: np.ndarray | None = None
-    # f32[n_kv_heads, cap] or None: where a full-context layer adds the softmax weight each slot
-    # receives, per KV head summed over its query heads and queries (`keep`'s tallies, kv/heavy_hitters.py)
-    attn_mass: np.ndarray | None = None
-    # i64[3]: the data addresses of k, v and slot_pos (a kernel that takes several sessions'
-    # rings at once reads them by address: kernels/attention_sessions.py)
-    addresses: np.ndarray | None = None
-    index: int = -1  # which layer of its cache this is (-1: unknown)
-
-    @property
-    def plain_f16(self) -> bool:
-        """An f16 K and V ring with nothing stored beside it (no key map, sinks, rotation or
-        tally), whose arrays' addresses its cache gave."""
-        return (self.type_k == self.type_v == T.F16 and self.key_scale is None and self.sink_k is None
-                and self.rot_k is None and self.rot_v is None and self.attn_mass is None
-                and self.addresses is not None)
 
 
 class Backend(ABC):
@@ -119,9 +74,7 @@ class Backend(ABC):
     # -- memory ------------------------------------------------------------------------------
 
     def scratch(self, hp, n_batch: int):
-        """The buffers a session's forward passes write (models.base.Scratch), for n_batch tokens."""
-        from ..models.base import Scratch
-
+        """The buffers a session's forward passes write (contract.Scratch), for n_batch tokens."""
         return Scratch(hp, n_batch, self.n_workers)
 
     def ring_array(self, shape: tuple[int, ...], dtype, fill=0) -> np.ndarray:
@@ -194,10 +147,10 @@ class Backend(ABC):
         """RMS norm of every head in place: x f32[n, n_heads, head_dim], weight f32[head_dim]."""
 
     @abstractmethod
-    def rope_tables(self, positions: np.ndarray, n_rot: int, theta: float, scaling: RopeScaling,
+    def rope_tables(self, positions: np.ndarray, n_rot: int, theta: float, scaling: Any,
                     freq_factors: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
         """cos, sin: f32[n, n_rot / 2] for positions i32[n] (base theta, the model's RoPE
-        scaling, per-dimension divisors freq_factors f32[n_rot / 2])."""
+        scaling (models/rope.py RopeScaling), per-dimension divisors freq_factors f32[n_rot / 2])."""
 
     @abstractmethod
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: int) -> None:
@@ -277,7 +230,7 @@ class Backend(ABC):
         for i in range(len(layers)):
             self.attend_row(i, layers, slots, positions, q, k, v, out, scale, scratch)
 
-    def attend_batch(self, batch: "CacheBatch", res: "ReservationBatch", layer: int, q: np.ndarray, k: np.ndarray,
+    def attend_batch(self, batch, res, layer: int, q: np.ndarray, k: np.ndarray,
                      v: np.ndarray, out: np.ndarray, scale: float, scratch: Any) -> None:
         """`attend_sessions` for layer `layer` of a batched step (kv/batch.py): batch holds the
         sessions' caches, res their reservations. Here: each cache's view of the layer; a

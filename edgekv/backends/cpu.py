@@ -28,7 +28,8 @@ from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, rms_no
 from ..kernels.quantize import store_rows, store_rows_kv
 from ..kernels.row_stack import RowStack
 from . import kernel_map
-from .base import Backend, LayerView
+from .base import Backend
+from .contract import LayerView
 
 
 _NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the cache keeps none
@@ -144,23 +145,23 @@ class CPUBackend(Backend):
         return out.reshape(n_kv, m, hd)
 
     def attend(self, layer: LayerView, slots, positions, q, k, v, out, scale, scratch: Any) -> None:
-        n = q.shape[0]
-        if layer.key_scale is not None:  # a calibrated K type (kv/key_map.KeyMap)
-            map_keys(k, layer.key_mean, layer.key_scale)
-            map_queries(q, layer.key_scale)
-        rotate(q, layer.rot_k)  # quantized caches store rotated K and V (kv/cache.py)
-        rotate(k, layer.rot_k)
-        rotate(v, layer.rot_v)
-        store_rows_kv(k, v, layer.type_k, layer.type_v, slots, layer.k, layer.v, np.float32(layer.limit_k),
-                      np.float32(layer.limit_v), thread_scratch("kv_row", max(k.shape[2], v.shape[2])))
-        sinks = _NO_SINKS if layer.sink_k is None else layer.sink_k
-        if layer.sink_k is not None:
-            keep_sinks(layer.sink_k, positions, k)
-        f16 = layer.type_k == layer.type_v == T.F16  # the path that follows llama.cpp's f16 arithmetic
+        n, ck, cv = q.shape[0], layer.codec_k, layer.codec_v
+        if ck.key_scale is not None:  # a calibrated K type (kv/key_map.KeyMap)
+            map_keys(k, ck.key_mean, ck.key_scale)
+            map_queries(q, ck.key_scale)
+        rotate(q, ck.rotation)  # quantized caches store rotated K and V (kv/cache.py)
+        rotate(k, ck.rotation)
+        rotate(v, cv.rotation)
+        store_rows_kv(k, v, ck.ggml_type, cv.ggml_type, slots, layer.k, layer.v, np.float32(ck.limit),
+                      np.float32(cv.limit), thread_scratch("kv_row", max(k.shape[2], v.shape[2])))
+        sinks = _NO_SINKS if ck.sink_k is None else ck.sink_k
+        if ck.sink_k is not None:
+            keep_sinks(ck.sink_k, positions, k)
+        f16 = ck.ggml_type == cv.ggml_type == T.F16  # the path that follows llama.cpp's f16 arithmetic
         if kernel_map.batched(n):
             visible = slice(0, layer.n_slots)
-            kf = self.load_kv(layer.k, layer.type_k, q.shape[2], visible)
-            vf = self.load_kv(layer.v, layer.type_v, out.shape[2], visible)
+            kf = self.load_kv(layer.k, ck.ggml_type, q.shape[2], visible)
+            vf = self.load_kv(layer.v, cv.ggml_type, out.shape[2], visible)
             pos = layer.slot_pos[: layer.n_slots]
             at = np.flatnonzero((pos >= 0) & (pos < sinks.shape[1]))
             kf[:, at] = sinks[:, pos[at]]
@@ -177,17 +178,17 @@ class CPUBackend(Backend):
                 attention_f16(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16), layer.slot_pos,
                               layer.n_slots, layer.window, np.float32(scale), scores, pv, out)
             else:
-                attention_rows(q, positions, layer.k, layer.v, layer.type_k, layer.type_v, layer.slot_pos,
+                attention_rows(q, positions, layer.k, layer.v, ck.ggml_type, cv.ggml_type, layer.slot_pos,
                                layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out, sinks)
             if layer.attn_mass is not None:  # the kernels leave each row's softmax numerators
                 weights = scores[: n * q.shape[1], : layer.n_slots]
                 weights = (weights / weights.sum(axis=1, keepdims=True)).reshape(n, k.shape[1], -1, layer.n_slots)
                 layer.attn_mass[:, : layer.n_slots] += weights.sum(axis=(0, 2))
-        rotate(out, layer.rot_v)
+        rotate(out, cv.rotation)
 
     def attend_batch(self, batch, res, layer, q, k, v, out, scale, scratch) -> None:
         # the sessions whose layer is a plain f16 ring at short depth (the default cache) in one
-        # kernel call (attention_sessions.py), from the step's table (batch.SessionRings); the
+        # kernel call (attention_sessions.py), from the step's table (contract.SessionRings); the
         # others one by one, as attend does them
         rings = batch.rings(res)
         hd_k, hd_v, cap = q.shape[2], out.shape[2], rings.caps[layer]

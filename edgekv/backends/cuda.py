@@ -3,7 +3,7 @@
 What lives here: `CUDABackend`, which runs each operation of backends/base.py as a launch
 of a native/ kernel (edgekv/cuda/: compiled by NVRTC at first use, launched through the
 driver API), and `DeviceScratch`, a session's activations in device memory (the same names
-as models.base.Scratch, as `DeviceArray`s, so the architectures' graphs run unchanged).
+as backends/contract.py Scratch, as `DeviceArray`s, so the architectures' graphs run unchanged).
 What does not: the kernels (native/), the launch shapes (cuda_launch.py), attention over
 the ring (cuda_attention.py), a step's inputs (cuda_inputs.py), CUDA graphs (cuda_graphs.py).
 
@@ -35,7 +35,8 @@ from ..cuda.runtime import Buffer, Device
 from ..errors import EdgeKVError
 from ..gguf.quants import row_nbytes
 from . import cuda_launch as shape
-from .base import Backend, DeviceMemory, LayerView
+from .base import Backend, DeviceMemory
+from .contract import LayerView
 from .cpu import CPUBackend
 from .cuda_attention import RingAttention
 from .cuda_graphs import DecodeGraphs
@@ -68,7 +69,7 @@ class DeviceMatrix:
 
 
 class DeviceScratch:
-    """Every buffer a forward pass writes (models.base.Scratch's names), in device memory."""
+    """Every buffer a forward pass writes (contract.Scratch's names), in device memory."""
 
     def __init__(self, hp, n_batch: int, device: Device):
         q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim

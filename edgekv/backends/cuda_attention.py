@@ -29,7 +29,6 @@ attention reads instead of their quantized rows (ek_keep_sinks, the attention ke
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -39,17 +38,14 @@ from ..cuda.runtime import Buffer
 from ..errors import EdgeKVError
 from ..gguf.quants import row_nbytes
 from . import cuda_launch as shape
-from .base import LayerView
-
-if TYPE_CHECKING:
-    from .cuda import CUDABackend
+from .contract import LayerView
 
 QUANTIZED_BLOCK_BYTES = {8: 34, 2: 18, 3: 20, 6: 22, 7: 24, 20: 18}  # cache types stored in 32-value blocks
 CACHE_TYPES = {int(T.F32), int(T.F16), int(T.BF16), *QUANTIZED_BLOCK_BYTES}  # what native/ek_kv.cuh reads and writes
 
 
 class RingAttention:
-    def __init__(self, backend: "CUDABackend"):
+    def __init__(self, backend):  # the CUDABackend (cuda.py) it serves
         self.backend = backend
         # id(host array) -> (a weak reference to it, its device address): a ring that goes is
         # unregistered (runtime.Device.host_pointer), not kept alive here
@@ -108,29 +104,30 @@ class RingAttention:
 
     def attend(self, layer: LayerView, slots: np.ndarray, positions: np.ndarray, q: DeviceArray, k: DeviceArray,
                v: DeviceArray, out: DeviceArray, scale: float) -> None:
-        for t in (layer.type_k, layer.type_v):
+        ck, cv = layer.codec_k, layer.codec_v
+        for t in (ck.ggml_type, cv.ggml_type):
             if t not in CACHE_TYPES:  # the kernels would read and write nothing: never silently
                 raise EdgeKVError(f"cache type {T(t).name.lower()} is not on the CUDA backend: use another cache "
                                   "type, or --backend cpu")
         be = self.backend
         n, n_heads, hd_k = q.shape
         n_kv, hd_v = k.shape[1], v.shape[2]
-        if layer.key_scale is not None:  # a calibrated K type: its map, before the rotation (as the CPU's)
+        if ck.key_scale is not None:  # a calibrated K type: its map, before the rotation (as the CPU's)
             self.map_keys(layer, q, k)
-        self.rotate(q, layer.rot_k)
-        self.rotate(k, layer.rot_k)
-        self.rotate(v, layer.rot_v)
+        self.rotate(q, ck.rotation)
+        self.rotate(k, ck.rotation)
+        self.rotate(v, cv.rotation)
         # a replayed step's slots, positions and slot count come from its reservation and cache
         q_pos = be.input(np.asarray(positions, np.int32), be.source(positions, lambda st: st.res.positions))
         k_ring, v_ring = self.write(layer, slots, k, v)
         sink, n_sinks = 0, 0
-        if layer.sink_k is not None:  # the stored K of the first positions, kept in f32 and read from there
-            sink, n_sinks = self.pointer(layer.sink_k), layer.sink_k.shape[1]
+        if ck.sink_k is not None:  # the stored K of the first positions, kept in f32 and read from there
+            sink, n_sinks = self.pointer(ck.sink_k), ck.sink_k.shape[1]
             be.launch("ek_keep_sinks", shape.elementwise(k.size), k, q_pos, sink, k.size, n_kv, hd_k, n_sinks)
         n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
         cap = layer.slot_pos.shape[0]
         ring = (q, q_pos, k_ring, v_ring, self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
-                int(layer.type_k), int(layer.type_v), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
+                int(ck.ggml_type), int(cv.ggml_type), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
                 layer.v.shape[2], sink, n_sinks)
         n_splits, chunk = shape.attention_splits(cap, n)
         if n_splits == 1:
@@ -144,7 +141,7 @@ class RingAttention:
             be.launch("ek_attention_stats", shape.attention(n_heads, n), *ring, stats)
             be.launch("ek_attention_tally", shape.attention_tally(cap, n_kv), *ring, stats,
                       self.pointer(layer.attn_mass), n)
-        self.rotate(out, layer.rot_v)
+        self.rotate(out, cv.rotation)
 
     def write(self, layer: LayerView, slots: np.ndarray, k: DeviceArray, v: DeviceArray) -> tuple[int, int]:
         """A chunk's K and V rows into their slots of the ring, in its types; the rings' addresses."""
@@ -154,8 +151,9 @@ class RingAttention:
         dev_slots = be.input(np.asarray(slots, np.int32), be.source(slots, lambda st: st.res.slots[i]))
         k_ring, v_ring = self.rows(layer.k), self.rows(layer.v)
         cap = layer.slot_pos.shape[0]
-        for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, layer.type_k, hd_k, layer.limit_k),
-                                                      (v, v_ring, layer.v, layer.type_v, v.shape[2], layer.limit_v)):
+        ck, cv = layer.codec_k, layer.codec_v
+        for src, ring, host, ggml_type, hd, limit in ((k, k_ring, layer.k, ck.ggml_type, hd_k, ck.limit),
+                                                      (v, v_ring, layer.v, cv.ggml_type, v.shape[2], cv.limit)):
             per_row = hd // 32 if ggml_type in QUANTIZED_BLOCK_BYTES else hd
             be.launch("ek_kv_write", shape.kv_write(n * n_kv * per_row), src, dev_slots, ring, int(ggml_type),
                       float(limit), n, n_kv, hd, cap, host.shape[2])
@@ -164,7 +162,8 @@ class RingAttention:
     def map_keys(self, layer: LayerView, q: DeviceArray, k: DeviceArray) -> None:
         """A calibrated K type's map (kv/key_map.KeyMap): keys (k - mean) * scale, queries
         q / scale, per KV head and dim."""
-        mean, scale = (self.backend.vector(row, owner=viewed_array(row)) for row in (layer.key_mean, layer.key_scale))
+        ck = layer.codec_k
+        mean, scale = (self.backend.vector(row, owner=viewed_array(row)) for row in (ck.key_mean, ck.key_scale))
         n_kv, hd = k.shape[1], k.shape[2]
         self.backend.launch("ek_key_map", shape.elementwise(k.size), k, mean, scale, k.size, n_kv, 1, hd, 0)
         self.backend.launch("ek_key_map", shape.elementwise(q.size), q, mean, scale, q.size, n_kv,
@@ -173,21 +172,21 @@ class RingAttention:
     def shift(self, layer: LayerView, slots: np.ndarray, delta: np.ndarray, shift) -> bool:
         """A context shift's K rows re-rotated in the ring by ek_kv_shift (CUDABackend.shift_ring)."""
         tables = getattr(shift, "tables", None)
-        if tables is None or layer.key_scale is not None:
+        if tables is None or layer.codec_k.key_scale is not None:
             return False
         be = self.backend
         cos, sin = tables(layer.index, delta)
         m, half = cos.shape
         n_kv, cap, row_bytes = layer.k.shape
-        rot = layer.rot_k
+        rot, ck = layer.codec_k.rotation, layer.codec_k
         be.launch("ek_kv_shift", shape.kv_write(m * n_kv), self.rows(layer.k),
                   be.input(np.asarray(slots, np.int32), None), be.input(cos, None), be.input(sin, None),
-                  0 if rot is None else be.vector(rot), 0 if rot is None else rot.shape[0], int(layer.type_k),
-                  float(layer.limit_k), m, n_kv, self.head_dim(layer), cap, row_bytes, half, int(shift.mode))
+                  0 if rot is None else be.vector(rot), 0 if rot is None else rot.shape[0], int(ck.ggml_type),
+                  float(ck.limit), m, n_kv, self.head_dim(layer), cap, row_bytes, half, int(shift.mode))
         be.synchronize()  # the host may read the ring next
         return True
 
     @staticmethod
     def head_dim(layer: LayerView) -> int:
         """The K head size of a ring, from its row bytes in the cache type (32 values a block)."""
-        return layer.k.shape[2] * 32 // row_nbytes(layer.type_k, 32)
+        return layer.k.shape[2] * 32 // row_nbytes(layer.codec_k.ggml_type, 32)

@@ -24,15 +24,11 @@ import gc
 import os
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..kv.cache import KVCache
 from .cuda_inputs import HostInputs, Recording, Step, step_bytes
-
-if TYPE_CHECKING:
-    from .cuda import CUDABackend
 
 
 @dataclass
@@ -47,7 +43,7 @@ def graphs_enabled() -> bool:
 
 
 class DecodeGraphs:
-    def __init__(self, backend: "CUDABackend"):
+    def __init__(self, backend):  # the CUDABackend (cuda.py) it serves
         self.backend = backend
         self.graphs: dict[tuple, Graph] = {}
         self.refused: set[tuple] = set()  # keys whose capture broke: run eagerly
@@ -57,10 +53,11 @@ class DecodeGraphs:
     def run(self, model, tokens: np.ndarray, cache, res, scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         be = self.backend
         step = Step(tokens, cache, res, rows, logits)
-        if tokens.shape[0] != 1 or type(cache) is not KVCache or cache.observer is not None or not graphs_enabled():
+        cache_key = cache.graph_key()  # None: a batched or observed step
+        if tokens.shape[0] != 1 or cache_key is None or not graphs_enabled():
             be.eager(model, step, scratch)
             return
-        key = (id(model), id(cache), id(scratch), len(rows), cache.ring_addresses().tobytes())
+        key = (id(model), cache_key[0], id(scratch), len(rows), cache_key[1])
         graph = self.graphs.get(key)
         if graph is None:
             if key in self.warm and key not in self.refused:

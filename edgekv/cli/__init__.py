@@ -89,6 +89,6 @@ def setup_logging(verbosity: int) -> Callable[[], None]:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import version
 
-    return __version__
+    return version()

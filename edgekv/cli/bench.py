@@ -4,7 +4,7 @@ What lives here: the command's options, with llama-bench's names and defaults (-
 -d, -b, -ctk, -ctv, -t, -r, -o; each list option takes comma-separated values or repeats,
 and the cartesian product of the lists is run), and checking every test against every
 model before the first one runs. What does not: the method, the statistics and the
-output formats (edgekv/bench.py).
+output formats (edgekv/lab/bench.py).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _values(args: argparse.Namespace, name: str) -> list:
 def bench(args: argparse.Namespace) -> int:
     from ..lab import bench as b
     from ..catalog import default_model_name, resolve_model
-    from ..kv.plan import read_hparams
+    from ..models import read_hparams
     from ..gguf.reader import GGUFFile
     from ..kernels.config import max_threads
     from ..loader import load

@@ -5,13 +5,13 @@ What lives here: `Conversation` (the messages, the system message, and per excha
 number of cache tokens that came before it, so /undo can trim the cache back exactly),
 the commands, the statistics line, and the chat file that /save writes and /load reads.
 What does not: reading input, streaming answers, Ctrl-C, colours (chat.py); the state
-file format inside a chat file (state.py).
+file format inside a chat file (state_file.py).
 
 Chat file (version 1): one line of UTF-8 JSON ending in "\\n" -- {"format": "edgekv-chat",
 "version": 1, "system": str|null, "messages": [{"role", "content"}...], "exchanges":
 [[n_before, sha256 of those token ids]...], "n_ctx", "cache_type_k", "cache_type_v",
 "state_nbytes": N} -- followed by exactly N
-bytes: an edgekv state file (state.py: KV cache, tokens, logits, with its own checksum).
+bytes: an edgekv state file (state_file.py: KV cache, tokens, logits, with its own checksum).
 """
 
 from __future__ import annotations

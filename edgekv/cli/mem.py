@@ -40,23 +40,24 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def mem(args: argparse.Namespace) -> int:
-    from ..kv import plan as context
     from ..backends import get_backend
     from ..catalog import resolve_model
     from ..gguf.reader import GGUFFile
+    from ..kv import plan as kvplan
     from ..lab.mem_report import format_memory_report, memory_report
+    from ..models import read_hparams
 
     g = GGUFFile(resolve_model(args.model))
-    hp = context.read_hparams(g)
+    hp = read_hparams(g)
     windows = None
     if args.layer_window:
-        windows = context.parse_layer_windows(args.layer_window, hp.n_layers)
+        windows = kvplan.parse_layer_windows(args.layer_window, hp.n_layers)
     backend = get_backend(args.backend)  # the one loading would use: auto may take a GPU
     device = backend.device_memory()
-    budget, source = _budget(args, context.weight_bytes(g), backend)
-    plan = context.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
-                                args.cache_type_v, mem_budget=budget, layer_windows=windows,
-                                n_batch=args.batch_size)
+    budget, source = _budget(args, kvplan.weight_bytes(g), backend)
+    plan = kvplan.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
+                               args.cache_type_v, mem_budget=budget, layer_windows=windows,
+                               n_batch=args.batch_size)
     print(format_memory_report(memory_report(g, hp, plan, device)))
     print(f"budget from:     {source}")
     return 0
@@ -65,23 +66,23 @@ def mem(args: argparse.Namespace) -> int:
 def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None, str]:
     """The KV budget an auto context gets, as loading computes it (api/context_growth.py),
     and where it came from in words."""
-    from ..kv import plan as context
+    from ..kv import plan as kvplan
     from ..kv.memory import free_memory
 
     if args.mem_budget is not None:
-        budget = context.parse_size(args.mem_budget)
+        budget = kvplan.parse_size(args.mem_budget)
         if budget < 1:
             raise EdgeKVError(f"--mem-budget {args.mem_budget!r} is zero; give a positive size such as 512M")
         return budget, "--mem-budget"
     free = free_memory()
-    budget = context.budget_from(None if free is None else free.bytes, weights)  # the figure printed
+    budget = kvplan.budget_from(None if free is None else free.bytes, weights)  # the figure printed
     source = ("no budget: the free memory cannot be read here" if free is None else
               f"half of {free} minus the weights")
     device = backend.kv_memory_limit(weights)  # a discrete GPU holds the rings (and the weights) too
-    chosen = context.within_device(budget, device)
+    chosen = kvplan.within_device(budget, device)
     if device is None:
         return chosen, source
-    gpu = f"half the GPU's free memory once the weights are on it ({context.format_bytes(device)})"
+    gpu = f"half the GPU's free memory once the weights are on it ({kvplan.format_bytes(device)})"
     if budget is None:
         return chosen, gpu
     return chosen, (gpu + f", less than {source}" if device < budget else source + f", less than {gpu}")

@@ -2,7 +2,7 @@
 
 What lives here: the command and its report; progress prints the running PPL after each
 chunk, `[1]18.1234,`. With --kl-divergence-base it also saves the log-probabilities; with
---kl-divergence it compares against them instead (llama-perplexity's report, line for line). What does not: the method (edgekv/perplexity.py), the forward pass
+--kl-divergence it compares against them instead (llama-perplexity's report, line for line). What does not: the method (edgekv/lab/perplexity.py), the forward pass
 (models/, session.py).
 """
 

@@ -7,9 +7,9 @@ matmuls) and each row attends to its own session's ring. Every row comes out bit
 that session's own one-token pass gives it (`Backend.independent_rows`), so a stream's
 greedy text does not depend on who it was batched with. `CacheBatch` and
 `ReservationBatch` are what the architectures' forward passes see in place of one cache
-and one reservation (Decoder.attend hands them to Backend.attend_batch); `SessionRings`,
-every layer's rings of the step in arrays, made once per step for a backend that attends
-to all sessions in one call.
+and one reservation (CacheBatch.attend hands them to Backend.attend_batch); `session_rings`
+makes the step's contract.SessionRings, every layer's rings in arrays, once per step for a
+backend that attends to all sessions in one call.
 What does not: deciding which steps run together and when (server/scheduler.py), reserving
 and committing the slots (session.py), the arithmetic (backends/).
 """
@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends.contract import SessionRings
 from .cache import KVCache, Reservation
 
 
@@ -37,9 +38,7 @@ class DecodeStep:
 
 class CacheBatch:
     """Several sessions' caches as one forward pass sees a cache: its `capacity` (the
-    sessions share it: RoPE's factors may depend on it) and no observer."""
-
-    observer = None
+    sessions share it: RoPE's factors may depend on it) and `attend`, each row to its own ring."""
 
     def __init__(self, caches: Sequence[KVCache]):
         capacities = {c.capacity for c in caches}
@@ -49,10 +48,23 @@ class CacheBatch:
         self.capacity = capacities.pop()
         self._rings: SessionRings | None = None
 
-    def rings(self, res: "ReservationBatch") -> "SessionRings":
+    def attend(self, layer: int, res: "ReservationBatch", q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               out: np.ndarray, scale: float, scratch) -> None:
+        """KVCache.attend for a batched step: row i of q, k, v, out is session i's one token,
+        written into and attending to its own cache (Backend.attend_batch)."""
+        for i, (one, r) in enumerate(zip(self.caches, res.parts)):
+            if one.observer is not None:
+                one.observer(layer, r.positions, q[i : i + 1], k[i : i + 1])
+        self.caches[0].backend.attend_batch(self, res, layer, q, k, v, out, scale, scratch)
+
+    def graph_key(self) -> None:
+        """A batched step is not captured (KVCache.graph_key)."""
+        return None
+
+    def rings(self, res: "ReservationBatch") -> SessionRings:
         """The step's SessionRings (made on the first call: a CacheBatch lives one step)."""
         if self._rings is None:
-            self._rings = SessionRings(self.caches, res)
+            self._rings = session_rings(self.caches, res)
         return self._rings
 
 
@@ -80,30 +92,21 @@ def decode_together(network, steps: Sequence[DecodeStep], scratch, logits: np.nd
         st.logits[0] = logits[i]
 
 
-class SessionRings:
-    """Every layer's rings in one batched step, gathered once for the step: what a backend
-    that attends to all the sessions in one call reads per layer instead of each cache's
-    layer view (4 sessions x 30 layers of SmolLM2: ~0.3 ms of views and ~0.4 ms of arrays a
-    step). Row i is session i; per layer l:
-
-      addresses[l]  i64[n, 3]  the data addresses of its k, v and slot_pos arrays
-      n_slots[l]    i64[n]     slots ever written (attention scans [0, n_slots))
-      windows[l]    i64[n]     the sliding window (0: none)
-      slots[l]      i64[n]     the slot its token is written into
-      plain[l]      bool[n]    its layer a plain f16 ring (LayerView.plain_f16) of the
-                               first session's capacity, caps[l]
-      limit_k[l]    f32[n]     |K values| above it are saturated on write (and limit_v[l])"""
-
-    def __init__(self, caches: Sequence[KVCache], res: ReservationBatch):
-        self.addresses = np.stack([c.ring_addresses() for c in caches], axis=1)
-        self.n_slots = np.ascontiguousarray(np.stack([c.used for c in caches], axis=1), dtype=np.int64)
-        self.windows = np.ascontiguousarray(np.array([c.windows for c in caches], np.int64).T)
-        self.slots = np.array([[int(r.slots[layer][0]) for r in res.parts] for layer in range(len(caches[0].k))],
-                              np.int64)
-        self.caps = caches[0].caps
-        # |values| above these are saturated on write (KVCacheType.limit)
-        self.limit_k = np.array([[kind.limit for kind in c.kinds_k] for c in caches], np.float32).T
-        self.limit_v = np.array([[kind.limit for kind in c.kinds_v] for c in caches], np.float32).T
-        plain = [c.plain_f16_layers() for c in caches]
-        self.plain = np.array([[p[layer] and c.caps[layer] == self.caps[layer] for c, p in zip(caches, plain)]
-                               for layer in range(len(self.caps))])
+def session_rings(caches: Sequence[KVCache], res: ReservationBatch) -> SessionRings:
+    """Every layer's rings in one batched step, gathered once (contract.SessionRings says what
+    each array holds): what a backend that attends to all the sessions in one call reads per
+    layer instead of each cache's layer view (4 sessions x 30 layers of SmolLM2: ~0.3 ms of
+    views and ~0.4 ms of arrays a step)."""
+    caps = caches[0].caps
+    plain = [c.plain_f16_layers() for c in caches]
+    return SessionRings(
+        addresses=np.stack([c.ring_addresses() for c in caches], axis=1),
+        n_slots=np.ascontiguousarray(np.stack([c.used for c in caches], axis=1), dtype=np.int64),
+        windows=np.ascontiguousarray(np.array([c.windows for c in caches], np.int64).T),
+        slots=np.array([[int(r.slots[layer][0]) for r in res.parts] for layer in range(len(caches[0].k))], np.int64),
+        caps=caps,
+        limit_k=np.array([[kind.limit for kind in c.kinds_k] for c in caches], np.float32).T,
+        limit_v=np.array([[kind.limit for kind in c.kinds_v] for c in caches], np.float32).T,
+        plain=np.array([[p[layer] and c.caps[layer] == caps[layer] for c, p in zip(caches, plain)]
+                        for layer in range(len(caps))]),
+    )

@@ -32,7 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends import Backend, LayerView, get_backend
+from ..backends.base import Backend
+from ..backends.contract import LayerView, RowCodec
 from ..errors import ContextFullError, EdgeKVError
 from .heavy_hitters import AttentionTallies
 from ..kernels.rows import keep_sinks, rotate, rotation_for
@@ -62,10 +63,12 @@ class Reservation:
 
 
 class KVCache:
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int,
-                 capacity: int, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
-                 n_batch: int = 512, n_keep: int = 0, backend: Backend | str | None = None,
-                 key_map: KeyMap | None = None, track_attention: bool = False):
+    """The rings of every layer (see the module docstring). Made by the session with the
+    backend its model runs on; the model's one call is `attend`."""
+
+    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim_k: int, head_dim_v: int, capacity: int,
+                 backend: Backend, type_k: str = "f16", type_v: str = "f16", windows: Sequence[int] = (),
+                 n_batch: int = 512, n_keep: int = 0, key_map: KeyMap | None = None, track_attention: bool = False):
         if capacity < 1:
             raise EdgeKVError(f"n_ctx must be at least 1, got {capacity}")
         # per layer: a cache type spec may mix types over the layers (kv/layer_types.py)
@@ -79,7 +82,7 @@ class KVCache:
         self.capacity = capacity
         self.type_k, self.type_v = spec_name(self.kinds_k), spec_name(self.kinds_v)  # canonical specs
         self.head_dim_k, self.head_dim_v = head_dim_k, head_dim_v
-        self.backend = get_backend(backend)
+        self.backend = backend
         self.windows = list(windows) or [0] * n_layers  # 0: the layer sees the whole context
         self.n_keep = n_keep  # positions below it are pinned: a ring never overwrites them
         self.caps = [min(capacity, w + n_batch + n_keep) if w else capacity for w in self.windows]
@@ -107,6 +110,18 @@ class KVCache:
         self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity, ring) if track_attention else None
         # a full-context layer (all of them hold a position in the same slot), which the tallies index
         self.tally_layer = next((i for i, w in enumerate(self.windows) if w == 0), None)
+        self._codecs: list[tuple[RowCodec, RowCodec]] = self._make_codecs()
+
+    def _make_codecs(self) -> list[tuple[RowCodec, RowCodec]]:
+        """Per layer, how its K and V rows are stored (remade when `load` brings another key map)."""
+        codecs = []
+        for layer, (kind_k, kind_v) in enumerate(zip(self.kinds_k, self.kinds_v)):
+            m = self.key_map if kind_k.calibrated else None
+            key_rows = {} if m is None else dict(key_mean=m.mean[layer], key_scale=m.scale[layer],
+                                                 sink_k=self.sink_k[layer])
+            codecs.append((RowCodec(kind_k.quant.ggml_type, self.rot_k[layer], kind_k.limit, **key_rows),
+                           RowCodec(kind_v.quant.ggml_type, self.rot_v[layer], kind_v.limit)))
+        return codecs
 
     def ring(self, layer: int) -> bool:
         """Whether the layer is a windowed ring smaller than the context."""
@@ -194,17 +209,30 @@ class KVCache:
             res.slots[layer] = slots
         return res
 
+    def attend(self, layer: int, res: Reservation, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+               scale: float, scratch) -> None:
+        """The model's one call: write a chunk's K and V (q: f32[n, n_heads, hd_k], k: f32[n,
+        n_kv, hd_k], v: f32[n, n_kv, hd_v], RoPE applied) into the slots `res` reserved in layer
+        `layer`, and out: f32[n, n_heads, hd_v] = attention over every slot visible to each
+        query (Backend.attend). An observer (a calibration pass) sees Q and K first."""
+        if self.observer is not None:
+            self.observer(layer, res.positions, q, k)
+        self.backend.attend(self.layer_view(layer), res.slots[layer], res.positions, q, k, v, out, scale, scratch)
+
+    def graph_key(self) -> tuple[int, bytes] | None:
+        """What a replayed decode step of this cache depends on (its identity and its rings'
+        addresses), for a backend that captures steps (backends/cuda_graphs.py); None while an
+        observer must see each step."""
+        if self.observer is not None:
+            return None
+        return id(self), self.ring_addresses().tobytes()
+
     def layer_view(self, layer: int) -> LayerView:
         """What layer `layer` holds, for the backend's attention."""
-        kind_k, kind_v = self.kinds_k[layer], self.kinds_v[layer]
-        m = self.key_map if kind_k.calibrated else None
-        return LayerView(self.k[layer], self.v[layer], kind_k.quant.ggml_type, kind_v.quant.ggml_type,
-                         self.pos[layer], int(self.used[layer]), self.windows[layer], self.rot_k[layer],
-                         self.rot_v[layer], _limit(kind_k), _limit(kind_v),
-                         None if m is None else m.mean[layer], None if m is None else m.scale[layer],
-                         None if m is None else self.sink_k[layer],
-                         self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None,
-                         self.ring_addresses()[layer], layer)
+        codec_k, codec_v = self._codecs[layer]
+        mass = self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None
+        return LayerView(self.k[layer], self.v[layer], self.pos[layer], int(self.used[layer]), self.windows[layer],
+                         codec_k, codec_v, mass, self.ring_addresses()[layer], layer)
 
     def ring_addresses(self) -> np.ndarray:
         """i64[n_layers, 3]: the data addresses of each layer's k, v and pos arrays (made once;
@@ -226,11 +254,11 @@ class KVCache:
         # k: f32[n, n_kv, hd_k], v: f32[n, n_kv, hd_v] -> rows [n_kv, slots, row_bytes]
         self.write_k(layer, slots, k)
         kind = self.kinds_v[layer]
-        self.backend.store_kv(self.v[layer], kind.quant.ggml_type, slots, v, _limit(kind))
+        self.backend.store_kv(self.v[layer], kind.quant.ggml_type, slots, v, kind.limit)
 
     def write_k(self, layer: int, slots: np.ndarray, k: np.ndarray) -> None:
         kind = self.kinds_k[layer]
-        self.backend.store_kv(self.k[layer], kind.quant.ggml_type, slots, k, _limit(kind))
+        self.backend.store_kv(self.k[layer], kind.quant.ggml_type, slots, k, kind.limit)
 
     def load_k(self, layer: int, slots: np.ndarray) -> np.ndarray:
         """The stored K rows of `slots` as f32[m, n_kv, head_dim] (still rotated and mapped)."""
@@ -341,6 +369,7 @@ class KVCache:
         self._addresses = None
         if self.calibrated:
             self.key_map, self.sink_k = key_map, None if sink_k is None else adopt(sink_k)
+            self._codecs = self._make_codecs()
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
         self.backend.rings_from_host(self)
@@ -379,8 +408,3 @@ def _uniform(kinds, spec: str):
     if any(kind.name != kinds[0].name for kind in kinds):
         raise EdgeKVError(f"the cache type {spec!r} differs between layers: read kinds_k / kinds_v[layer]")
     return kinds[0]
-
-
-def _limit(kind) -> float:
-    """Values beyond the cache type's finite range are stored saturated, not as inf."""
-    return kind.limit

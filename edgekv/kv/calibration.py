@@ -82,18 +82,17 @@ class Moments:
         return KeyMap(mean.astype(np.float32), np.clip(scale, *SCALE_RANGE).astype(np.float32))
 
 
-def measure(network, tokens: list[int], n_ctx: int, n_batch: int = 512, n_offsets: int = OFFSETS) -> KeyMap:
-    """The key map for a cache of n_ctx positions from one pass of `network` over token ids
-    (an f32 cache). When the text is shorter than n_ctx, its Q and K are also counted as if
-    they sat at n_offsets - 1 later offsets up to n_ctx - len(tokens) (RoPE turned further by
-    the model's shift_keys), so the statistics are those of every position the cache will
+def measure(network, tokens: list[int], n_ctx: int, observed_pass, n_offsets: int = OFFSETS) -> KeyMap:
+    """The key map for a cache of n_ctx positions from one pass of `network` over token ids:
+    observed_pass(network, tokens, observer) runs it with an f32 cache whose `observer` sees
+    each layer's Q and K (the loader's Model.observed_pass: this module builds no session).
+    When the text is shorter than n_ctx, its Q and K are also counted as if they sat at
+    n_offsets - 1 later offsets up to n_ctx - len(tokens) (RoPE turned further by the
+    model's shift_keys), so the statistics are those of every position the cache will
     hold: a channel pair that RoPE turns slowly keeps its mean, one it turns fast over the
     context has none (measured on SmolLM2: the map of positions 0-856 alone lost its whole
     gain at positions 2048-4095; one spread over 0-8191 halved it at -c 512)."""
-    from ..session import Session  # the session module builds caches from this one's maps
-
     hp = network.hp
-    session = Session(network, len(tokens), n_batch, "f32", "f32")
     moments = Moments(hp.n_layers, hp.n_kv_heads, hp.head_dim)
     room = max(n_ctx - len(tokens), 0)
     offsets = sorted({int(d) for d in np.linspace(0, room, n_offsets if room else 1)})
@@ -106,8 +105,7 @@ def measure(network, tokens: list[int], n_ctx: int, n_batch: int = 512, n_offset
                 network.shift_keys(layer, kk, delta)
             moments.observe(layer, positions, qq, kk)
 
-    session.cache.observer = observe
-    session.eval(tokens)
+    observed_pass(network, tokens, observe)
     return moments.key_map()
 
 
@@ -141,34 +139,22 @@ def _write(path: Path, m: KeyMap) -> None:
 def key_map(model, n_ctx: int) -> KeyMap:
     """The key map of a loaded model (loader.Model) for a cache of n_ctx positions: from
     memory, the disk cache, or one measuring pass over the calibration text (1-8 s for a
-    135M model on 2 cores, the longer for a long context)."""
+    135M model on 2 cores, the longer for a long context) on the network the model hands
+    out for it (Model.measuring_network: on a GPU, the same file loaded for the CPU)."""
     maps = model.__dict__.setdefault("_key_maps", {})
     if n_ctx in maps:
         return maps[n_ctx]
-    from ..state_file import model_fingerprint
-
-    path = _cache_path(model_fingerprint(model), n_ctx)
+    path = _cache_path(model.fingerprint(), n_ctx)
     found = _read(path, model.hp)
     if found is None:
         t0 = time.perf_counter()
         tokens = model.tokenizer.encode(CALIBRATION_TEXT.read_bytes())[:MAX_TOKENS]
-        found = measure(_measuring_network(model), tokens, n_ctx)
+        found = measure(model.measuring_network(), tokens, n_ctx, model.observed_pass)
         log.info("iq4_cal: measured the key map for %d positions on %d tokens in %.2f s", n_ctx, len(tokens),
                  time.perf_counter() - t0)
         _write(path, found)
     maps[n_ctx] = found
     return found
-
-
-def _measuring_network(model):
-    """The network whose pass `measure` observes: the model's own, or on a GPU the same file
-    loaded for the CPU (the observer reads Q and K as host arrays; the map it measures is a
-    property of the model, and is kept on disk: the pass runs once per model and context)."""
-    if model.backend.name in ("cpu", "cpu-portable"):
-        return model.network
-    from ..loader import load
-
-    return load(model.gguf.path, backend="cpu").network
 
 
 def key_map_for(model, cache_type_k: str, n_ctx: int) -> KeyMap | None:

@@ -3,7 +3,7 @@
 What lives here: `plan_context` (n_ctx="auto" or a number -> a `KVPlan` with the chosen
 n_ctx, why it was chosen, every layer's ring capacity and the KV bytes), the default
 memory budget (`default_mem_budget`), the `--layer-window` syntax (`parse_layer_windows`),
-reading a model's hyperparameters without its weights (`read_hparams`), and the longest
+and the longest
 context a budget holds (`max_context`, for `edgekv kv-report`). This is DESIGN.md
 section 3's formula `2 * n_layers * n_kv_heads * head_dim * n_ctx * bytes_per_element`
 made visible, per cache type and per layer kind.
@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 
 from .layer_types import layer_kinds, spec_name
-from ..errors import EdgeKVError, UnsupportedModelError
+from ..errors import EdgeKVError
 from .memory import format_bytes, free_memory, parse_size  # noqa: F401  (parse_size: for callers of the plan)
 
 log = logging.getLogger("edgekv")
@@ -294,20 +294,6 @@ def parse_layer_windows(spec: str, n_layers: int | None = None) -> dict[int, int
                 raise EdgeKVError(f"layer window {part!r}: layer {i} is given a window twice in {spec!r}")
             out[i] = window
     return out
-
-
-# ---- hyperparameters without weights -------------------------------------------------------
-
-def read_hparams(g):
-    """HParams of a GGUFFile from its metadata alone, through the architecture module's
-    `read_hparams` (building the model would read the weights)."""
-    from ..models import ARCHITECTURES  # imports the kernels: only when a model is read
-
-    arch = g.architecture
-    if arch not in ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
-    return ARCHITECTURES[arch].read_hparams(g)
 
 
 # ---- memory report -------------------------------------------------------------------------

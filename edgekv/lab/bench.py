@@ -30,13 +30,13 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Sequence, TextIO
 
 import numpy as np
 
 from ..errors import EdgeKVError
 from ..system_info import cpu_info
+from ..version import version
 
 if TYPE_CHECKING:
     from ..gguf.reader import GGUFFile
@@ -240,7 +240,7 @@ class BenchResult:
         """llama-bench's JSON record (RECORD_FIELDS), with `edgekv_version` in place of
         build_commit and build_number."""
         t, m = self.test, self.model
-        values = (_version(), cpu_info(), self.backend, m.filename, m.type, m.size, m.n_params, t.n_batch,
+        values = (version(), cpu_info(), self.backend, m.filename, m.type, m.size, m.n_params, t.n_batch,
                   t.n_threads, t.type_k, t.type_v, t.n_prompt, t.n_gen, t.n_depth, self.test_time, self.avg_ns,
                   self.stddev_ns, self.avg_ts, self.stddev_ts, list(self.samples_ns), self.samples_ts)
         return dict(zip(RECORD_FIELDS, values, strict=True))
@@ -270,13 +270,6 @@ def backend_label(backend) -> str:
     """llama-bench's `backends` for where a model ran: "CUDA" on the GPU (llama-bench's own
     name for it), else "numba" (the CPU backends)."""
     return "CUDA" if backend.name == "cuda" else BACKEND
-
-
-@lru_cache(maxsize=1)
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -339,7 +332,7 @@ class ResultPrinter:
 
     def end(self) -> None:
         if self.fmt == "md":
-            self._line(f"\nedgekv: {_version()}")
+            self._line(f"\nedgekv: {version()}")
         elif self.fmt == "json":
             self._line(("\n" if self.count else "") + "]")
 

@@ -19,13 +19,24 @@ from .qwen3 import Qwen3Model
 ARCHITECTURES = {cls.arch: cls for cls in (LlamaModel, Gemma3Model, Qwen2Model, Qwen3Model, Phi3Model)}
 
 
-def build_model(g: GGUFFile, backend: Backend | str | None = None):
-    """The architecture's model with its weights on `backend` (a Backend, a name, or None:
-    EDGEKV_BACKEND / auto)."""
+def architecture(g: GGUFFile):
+    """The model class of the file's `general.architecture`, or UnsupportedModelError naming those there are."""
     arch = g.architecture
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
-    model = ARCHITECTURES[arch](g, get_backend(backend))
+    return ARCHITECTURES[arch]
+
+
+def build_model(g: GGUFFile, backend: Backend | str | None = None):
+    """The architecture's model with its weights on `backend` (a Backend, a name, or None:
+    EDGEKV_BACKEND / auto)."""
+    model = architecture(g)(g, get_backend(backend))
     model.source = g
     return model
+
+
+def read_hparams(g: GGUFFile):
+    """HParams of a GGUFFile from its metadata alone, through the architecture's
+    `read_hparams` (building the model would read the weights)."""
+    return architecture(g).read_hparams(g)

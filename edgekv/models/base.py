@@ -1,11 +1,12 @@
 """Shared building blocks of the decoder-only architectures.
 
 What lives here: hyperparameters read from GGUF keys (`HParams`), weight loading with
-shape and type checks before any kernel runs (`WeightLoader`), the per-session scratch
-buffers (`Scratch`), and what every architecture shares (`Decoder`: attention over the
-cache, RoPE tables, key shifts, final logits). What does not: an architecture's own
-graph (one file each: llama.py, gemma3.py), the cache's policies (kv/cache.py), and any
-kernel: models call only their backend (backends/base.py).
+shape and type checks before any kernel runs (`WeightLoader`), and what every
+architecture shares (`Decoder`: attention through the cache's one call, RoPE tables, key
+shifts, final logits). What does not: an architecture's own graph (one file each:
+llama.py, gemma3.py), the per-session buffers (backends/contract.py Scratch), the cache
+and its policies (kv/), and any kernel: models call only their backend
+(backends/base.py) and their cache's `attend`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend
-from ..kv.batch import CacheBatch
-from ..kv.cache import KVCache
+from ..backends.contract import Scratch
 from ..errors import GGUFError, UnsupportedModelError
 from ..gguf.reader import GGUFFile
 from ..gguf.quants import QUANT_TYPES, dequantize, non_finite_tensors
@@ -168,47 +168,6 @@ class WeightLoader:
         return tok_embd, output_norm, output
 
 
-class Scratch:
-    """Every buffer a forward pass writes, made once per session for up to n_batch tokens;
-    n_workers: threads the backend's kernels run on (each has its own attention rows)."""
-
-    def __init__(self, hp: HParams, n_batch: int, n_workers: int):
-        q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
-        self.x = np.zeros((n_batch, hp.dim), np.float32)  # residual stream
-        self.h = np.zeros((n_batch, hp.dim), np.float32)  # normed input of a block
-        self.o = np.zeros((n_batch, hp.dim), np.float32)  # block output
-        self.q = np.zeros((n_batch, q_dim), np.float32)
-        self.k = np.zeros((n_batch, kv_dim), np.float32)
-        self.v = np.zeros((n_batch, hp.n_kv_heads * hp.head_dim_v), np.float32)
-        self.att = np.zeros((n_batch, hp.n_heads * hp.head_dim_v), np.float32)
-        self.gate = np.zeros((n_batch, hp.ff), np.float32)
-        self.up = np.zeros((n_batch, hp.ff), np.float32)
-        half = hp.rope_dims // 2
-        self.cos = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
-        self.sin = {kind: np.zeros((n_batch, half), np.float32) for kind in ("global", "local")}
-        self.n_batch = n_batch
-        self._scores = np.zeros((0, 0), np.float32)
-        self._pv = np.zeros((n_workers, 4, 16, max(hp.head_dim_v, 64)), np.float32)
-        self._probs = np.zeros((0, 0), np.float32)
-        self._lanes = np.zeros((hp.n_heads, 4, 16, hp.head_dim_v), np.float32)
-        self.kv_rows = np.zeros((n_workers, 2, max(hp.head_dim, hp.head_dim_v)), np.float32)  # dequantized K/V rows
-
-    def attn_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-        """Score rows and lane accumulators for the per-query attention kernel; the score
-        rows grow once to the largest need (decode then allocates nothing)."""
-        if self._scores.shape[0] < rows or self._scores.shape[1] < capacity:
-            self._scores = np.zeros((max(rows, self._scores.shape[0]), max(capacity, self._scores.shape[1])),
-                                    np.float32)
-        return self._scores, self._pv
-
-    def deep_scratch(self, rows: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-        """Softmax weights and per-head accumulator rows for one query over a deep f16
-        cache (attention_decode.py); the weights grow once, like the score rows."""
-        if self._probs.shape[0] < rows or self._probs.shape[1] < capacity:
-            self._probs = np.zeros((max(rows, self._probs.shape[0]), max(capacity, self._probs.shape[1])), np.float32)
-        return self._probs, self._lanes
-
-
 class Decoder:
     """What every architecture's model class shares beyond its forward pass: `hp`, the
     `backend` its weights live on, `freq_factors` (RoPE's per-dimension factors), and the
@@ -242,23 +201,16 @@ class Decoder:
         LongRoPE picks its long or short set by n_ctx; the others have one)."""
         return self.freq_factors
 
-    def attend(self, cache: KVCache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+    def attend(self, cache, s: Scratch, layer: int, res, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                out: np.ndarray, scale: float) -> None:
         """Write this chunk's K/V (q, k, v: f32[n, heads * head_dim]) into the slots `res`
-        (the cache's Reservation) reserved and attend over everything visible; scores are
-        (q . k) * scale; out: f32[n, n_heads * head_dim_v]."""
+        (the cache's reservation) reserved and attend over everything visible; scores are
+        (q . k) * scale; out: f32[n, n_heads * head_dim_v]. The model's one call on its cache
+        (kv/cache.py KVCache.attend, or a kv/batch.py CacheBatch's): it never reads the rings."""
         hp, n = self.hp, q.shape[0]
         q, k = q.reshape(n, hp.n_heads, hp.head_dim), k.reshape(n, hp.n_kv_heads, hp.head_dim)
         v, out = v.reshape(n, hp.n_kv_heads, hp.head_dim_v), out.reshape(n, hp.n_heads, hp.head_dim_v)
-        if isinstance(cache, CacheBatch):  # sessions decoding together: each row attends to its own ring
-            for one, r, i in zip(cache.caches, res.parts, range(n)):
-                if one.observer is not None:
-                    one.observer(layer, r.positions, q[i : i + 1], k[i : i + 1])
-            self.backend.attend_batch(cache, res, layer, q, k, v, out, scale, s)
-            return
-        if cache.observer is not None:  # a calibration pass (kv/calibration.py)
-            cache.observer(layer, res.positions, q, k)
-        self.backend.attend(cache.layer_view(layer), res.slots[layer], res.positions, q, k, v, out, scale, s)
+        cache.attend(layer, res, q, k, v, out, scale, s)
 
     def fill_rope(self, s: Scratch, kind: str, positions: np.ndarray, theta: float,
                   n_ctx: int) -> tuple[np.ndarray, np.ndarray]:

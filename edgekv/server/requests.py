@@ -3,7 +3,7 @@
 What lives here: `ApiError` (an HTTP status plus OpenAI's error shape), and turning the
 fields of /v1/chat/completions and /v1/completions requests into the `Llama` facade's
 keywords (types and ranges checked, n=1 only, unknown fields ignored as OpenAI-compatible
-servers do). What does not: the app, its routes and the generation queue (server.py).
+servers do). What does not: the app, its routes and the generation queue (server/app.py, server/queue.py).
 """
 
 from __future__ import annotations
