@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .kv.cache import KeyMap, KVCache
+from .kv.growth import copy_into
 from .kv.overflow import overflow_policy
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
@@ -305,7 +306,7 @@ class Session:
     def grown(self, new_n_ctx: int, n_batch: int | None = None, key_map: KeyMap | None = None) -> "Session":
         """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:
         tokens, K/V rows, positions, logits and counters are copied once (the `n_ctx="auto"`
-        growth of DESIGN.md section 3; KVCache.copy_from). A calibrated K type takes key_map,
+        growth of DESIGN.md section 3; kv/growth.py copy_into). A calibrated K type takes key_map,
         the map for the new size (its rows are re-coded), else keeps its own. This session is
         left as it was."""
         if new_n_ctx < self.n_ctx:
@@ -318,7 +319,7 @@ class Session:
                                 head_dim_v=c.head_dim_v, capacity=new_n_ctx, backend=c.backend, type_k=c.type_k,
                                 type_v=c.type_v, windows=c.windows, n_batch=new.n_batch, n_keep=new._kept(),
                                 key_map=key_map or c.key_map, track_attention=c.tallies is not None)
-        new.cache.copy_from(c)
+        copy_into(new.cache, c)
         new.tokens = list(self.tokens)
         new._last_logits[...] = self._last_logits
         new._has_logits = self._has_logits

@@ -22,11 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 
 from ..kernels.ops import ROPE_NEOX, ROPE_NORM  # noqa: F401  (the two modes `rope` takes)
 from .contract import LayerView, Scratch
-
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,13 @@ Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import UnsupportedModelError
-from ..kernels import dequant, quantize as kq
+from ..kernels import dequant
 
 if TYPE_CHECKING:
     from .reader import GGUFFile

@@ -12,7 +12,7 @@ is ever copied on wrap.
 
 Two kinds of layer ring:
 - full (cap = n_ctx): a new token takes the lowest free slot, so before the first overflow
-  slots fill in order; when full, the session's overflow policy frees slots (`discard`:
+  slots fill in order; when full, the session's overflow policy frees slots (`evict`:
   drop positions, re-rotate the surviving K by RoPE so positions stay contiguous).
 - windowed (a sliding-window layer, or one limited by `layer_windows`; cap = window +
   n_batch + n_keep): a ring with a write pointer `cur` that overwrites its oldest slot,
@@ -37,7 +37,7 @@ from ..backends.contract import LayerView, RowCodec
 from ..errors import ContextFullError, EdgeKVError
 from .heavy_hitters import AttentionTallies
 from ..kernels.rows import keep_sinks, rotate, rotation_for
-from .key_map import KeyMap, recode_keys
+from .key_map import KeyMap
 from .layer_types import layer_kinds, spec_name
 from .types import KV_CACHE_TYPES
 
@@ -305,11 +305,6 @@ class KVCache:
     def clear(self) -> None:
         self.truncate(0)
 
-    def discard(self, n_keep: int, n_discard: int, shift_keys) -> None:
-        """Drop positions [n_keep, n_keep + n_discard) (llama.cpp's context shift); see `evict`."""
-        assert 0 <= n_keep and 0 < n_discard and n_keep + n_discard <= self.n_tokens
-        self.evict(np.arange(n_keep, n_keep + n_discard), shift_keys)
-
     def evict(self, positions: np.ndarray, shift_keys) -> None:
         """Drop `positions` (sorted, distinct, < n_tokens) from every layer and renumber the
         others so positions stay contiguous: each moves down by the number of dropped ones
@@ -357,7 +352,7 @@ class KVCache:
         if key_map is not None:
             keep_sinks(self.sink_k[layer], self.pos[layer][slots], k)
 
-    # -- whole-cache copies: snapshots and growth (session.py) ---------------------------------
+    # -- a restored snapshot (session.py; growth into a larger cache: kv/growth.py) -----------
 
     def load(self, k: Sequence[np.ndarray], v: Sequence[np.ndarray], pos: Sequence[np.ndarray],
              ring: np.ndarray, n_tokens: int, key_map: KeyMap | None = None, sink_k: np.ndarray | None = None) -> None:
@@ -372,35 +367,6 @@ class KVCache:
             self._codecs = self._make_codecs()
         self.used[:], self.cur[:] = ring[0], ring[1]
         self.n_tokens = n_tokens
-        self.backend.rings_from_host(self)
-
-    def copy_from(self, other: "KVCache") -> None:
-        """Hold other's positions and rows in this (as large or larger) cache. A layer whose
-        ring keeps its size is copied slot for slot (ring pointer included); a layer whose
-        ring is larger receives its live slots in position order at the front, so a
-        windowed ring's next write still overwrites its oldest slot."""
-        other.backend.rings_to_host(other)
-        if self.sink_k is not None and other.sink_k is not None:  # in place: where the backend reads them
-            self.sink_k[...] = other.sink_k
-        for layer, pos in enumerate(other.pos):
-            if self.caps[layer] == other.caps[layer]:
-                self.k[layer][...] = other.k[layer]
-                self.v[layer][...] = other.v[layer]
-                self.pos[layer][...] = pos
-                self.used[layer], self.cur[layer] = other.used[layer], other.cur[layer]
-                continue
-            live = np.flatnonzero(pos >= 0)
-            order = live[np.argsort(pos[live], kind="stable")]
-            m = order.size
-            self.k[layer][:, :m] = other.k[layer][:, order]
-            self.v[layer][:, :m] = other.v[layer][:, order]
-            self.pos[layer][:m] = pos[order]
-            self.used[layer], self.cur[layer] = m, m % self.caps[layer]
-        self.n_tokens = other.n_tokens
-        if self.tallies is not None:
-            self.set_attention_by_position(*other.attention_by_position())
-        if self.key_map is not None and not self.key_map.same(other.key_map):
-            recode_keys(self, other.key_map)
         self.backend.rings_from_host(self)
 
 

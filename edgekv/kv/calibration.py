@@ -20,7 +20,7 @@ memory per model and context size and on disk beside the kernel cache (keyed by 
 fingerprint, the context size and CALIBRATION_VERSION), and travel inside saved states, so
 a state always decodes with the map its rows were stored through. The map depends on the
 context size because RoPE turns K's mean with the position (measure() says how); a cache
-that grows re-codes its K rows for the larger context's map (KVCache.copy_from).
+that grows re-codes its K rows for the larger context's map (kv/growth.py copy_into).
 What does not live here: applying the map (kv/key_map.KeyMap, the backend's attend).
 """
 

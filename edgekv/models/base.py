@@ -19,14 +19,17 @@ import numpy as np
 from ..backends import Backend
 from ..backends.contract import Scratch
 from ..errors import GGUFError, UnsupportedModelError
-from ..gguf.reader import GGUFFile
 from ..gguf.quants import QUANT_TYPES, dequantize, non_finite_tensors
+from ..gguf.reader import GGUFFile
 from .keys import read_float, read_int
 from .rope import RopeScaling, read_rope_scaling
 
 
-@dataclass
+@dataclass(frozen=True)
 class HParams:
+    """A model's hyperparameters, read once from its GGUF keys and never changed after: a
+    value that derives from others (`local_layers`, `attn_scale`) is set when it is made."""
+
     arch: str
     n_vocab: int
     dim: int
@@ -49,11 +52,11 @@ class HParams:
     embed_scale: float = 1.0
     final_softcap: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self):  # the derived defaults (frozen: set through object.__setattr__, once)
         if not self.local_layers:
-            self.local_layers = (False,) * self.n_layers
+            object.__setattr__(self, "local_layers", (False,) * self.n_layers)
         if not self.attn_scale:
-            self.attn_scale = 1.0 / float(np.sqrt(self.head_dim))
+            object.__setattr__(self, "attn_scale", 1.0 / float(np.sqrt(self.head_dim)))
 
 
 def check_block_count(g: GGUFFile, n_layers: int, key: str) -> None:
