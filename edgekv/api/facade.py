@@ -70,7 +70,7 @@ class Llama(CompletionsMixin, StateMixin):
         kv/heavy_hitters.py).
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
         mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
-        minus the weights (context.default_mem_budget).
+        minus the weights (kv/plan.py default_mem_budget).
         backend: where the arithmetic runs: "auto", "cpu", "cpu-portable", "cuda" (edgekv.backends);
         None: EDGEKV_BACKEND, default auto (CUDA where a GPU is usable, else the CPU).
         n_gpu_layers (llama-cpp-python's), with backend auto: 0 keeps the model on the CPU;

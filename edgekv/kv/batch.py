@@ -80,7 +80,7 @@ class ReservationBatch:
 
 def decode_together(network, steps: Sequence[DecodeStep], scratch, logits: np.ndarray) -> None:
     """Run the steps' tokens through `network` (a models.base.Decoder) as one pass and write
-    each step's logits; scratch: a models.base.Scratch with room for len(steps) rows, logits:
+    each step's logits; scratch: a backends/contract.py Scratch with room for len(steps) rows, logits:
     f32[>= len(steps), n_vocab] to compute them in."""
     n = len(steps)
     tokens = np.fromiter((st.token for st in steps), np.int32, n)

@@ -4,7 +4,7 @@ For each K/V cache type pair: perplexity (llama.cpp's llama-perplexity method,
 lab/perplexity.py), the mean KL divergence of its next-token distributions from the f16/f16
 cache's and how often both put the same token on top (llama-perplexity's
 --kl-divergence figures), the bits one value takes and the bytes one token takes over all
-layers, the longest context whose cache fits a memory budget (context.max_context),
+layers, the longest context whose cache fits a memory budget (kv/plan.py max_context),
 and decode speed at a depth (llama-bench's tg at -d). One f16/f16 pass gives the base: each
 chunk is evaluated by the base and then by every pair before the next chunk, so only one
 chunk's base log-probs are ever held (~50 MB for a 49k vocabulary, ~270 MB for 262k).
