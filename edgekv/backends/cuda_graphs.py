@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..cuda.driver import CudaError
 from .cuda_inputs import HostInputs, Recording, Step, step_bytes
 
 
@@ -49,12 +51,13 @@ class DecodeGraphs:
         self.refused: set[tuple] = set()  # keys whose capture broke: run eagerly
         self.warm: set[tuple] = set()  # keys that ran once eagerly: the next such step is captured
         self.captured = self.replayed = 0  # for tests and `edgekv bench`'s notes
+        self.failed: str | None = None  # why capture broke in the driver: every step then runs eagerly
 
     def run(self, model, tokens: np.ndarray, cache, res, scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         be = self.backend
         step = Step(tokens, cache, res, rows, logits)
         cache_key = cache.graph_key()  # None: a batched or observed step
-        if tokens.shape[0] != 1 or cache_key is None or not graphs_enabled():
+        if tokens.shape[0] != 1 or cache_key is None or self.failed is not None or not graphs_enabled():
             be.eager(model, step, scratch)
             return
         key = (id(model), cache_key[0], id(scratch), len(rows), cache_key[1])
@@ -76,6 +79,10 @@ class DecodeGraphs:
         be.synchronize()
 
     def capture(self, model, step: Step, scratch, key: tuple) -> Graph | None:
+        """The step's forward pass captured as a graph (launched by the caller), or None: the
+        step must run eagerly, because the capture could not learn to rewrite an input, or
+        the driver failed to capture or instantiate it (then no step is captured again: one
+        line on stderr says why, as llama.cpp disables its graphs)."""
         be = self.backend
         driver, stream = be.device.driver, be.device.stream
         be.synchronize()
@@ -83,11 +90,18 @@ class DecodeGraphs:
         be.begin_recording(recording, inputs)
         collecting = gc.isenabled()
         gc.disable()  # a finalizer run by a collection (a ring unregistered, a graph destroyed) would break the capture
-        driver.begin_capture(stream)
         try:
-            model.forward(step.tokens, step.cache, step.res, scratch, step.rows, step.logits)
-        finally:
+            driver.begin_capture(stream)
+            try:
+                model.forward(step.tokens, step.cache, step.res, scratch, step.rows, step.logits)
+            except BaseException:
+                self._end_quietly(driver, stream)  # the stream must leave capture mode; the first error wins
+                raise
             exe = driver.end_capture(stream)
+        except CudaError as exc:
+            self._give_up(exc)
+            return None
+        finally:  # whatever happened: eager steps record nothing and collections run again
             be.end_recording()
             if collecting:
                 gc.enable()
@@ -101,6 +115,17 @@ class DecodeGraphs:
             weakref.finalize(owner, self.forget, key)
         self.captured += 1
         return graph
+
+    def _give_up(self, exc: CudaError) -> None:
+        self.failed = str(exc)
+        print(f"edgekv: CUDA graph capture failed ({exc}); decode steps run without graphs", file=sys.stderr)
+
+    @staticmethod
+    def _end_quietly(driver, stream) -> None:
+        try:
+            driver.destroy_graph(driver.end_capture(stream))
+        except CudaError:
+            pass
 
     def forget_cache(self, cache) -> None:
         """Drop every graph of `cache` (it took new ring arrays, or the host rewrote its rows)."""
