@@ -63,6 +63,11 @@ class ConvertError(EdgeKVError):
     not know. The message says what to do."""
 
 
-class GpuOutOfMemory(EdgeKVError):
+class GpuCannotRun(EdgeKVError):
+    """The GPU backend cannot run this model; where the backend was left to auto, the model
+    loads on the CPU instead (saying why in one line)."""
+
+
+class GpuOutOfMemory(GpuCannotRun):
     """The GPU has too little free memory for what was asked (cuda.runtime.Device.alloc);
     where the backend was left to auto, the model loads on the CPU instead."""

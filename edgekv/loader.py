@@ -18,7 +18,7 @@ import numpy as np
 
 from .backends import Backend, cpu_instead, get_backend
 from .catalog import resolve_model
-from .errors import GpuOutOfMemory
+from .errors import GpuCannotRun
 from .gguf.reader import GGUFFile
 from .kernels.jit_cache import kernels_cached
 from .kv.calibration import key_map_for
@@ -49,7 +49,7 @@ class Model:
             self.gguf = GGUFFile(self.path)
             try:
                 self.network = build_model(self.gguf, self.backend)
-            except GpuOutOfMemory as exc:  # weights too large for a discrete GPU: auto takes the CPU
+            except GpuCannotRun as exc:  # too large for a discrete GPU, or beyond its kernels: auto takes the CPU
                 self.backend = cpu_instead(backend, exc)
                 self.network = build_model(self.gguf, self.backend)
             self.hp = self.network.hp

@@ -105,7 +105,8 @@ class Session:
             raise EdgeKVError(f"n_keep={n_keep}, n_discard={n_discard}: need 0 <= n_keep < n_ctx={n_ctx}, n_discard >= 0")
         self.model = model
         self.context_shift, self.n_keep, self.n_discard = context_shift, n_keep, n_discard
-        self.n_batch = min(n_batch, n_ctx - self._kept())  # a chunk must fit beside the kept tokens
+        # a chunk must fit beside the kept tokens, and in one call of the backend
+        self.n_batch = min(n_batch, n_ctx - self._kept(), model.backend.max_batch or n_batch)
         windows = [hp.window if local else 0 for local in hp.local_layers]
         for layer, w in (layer_windows or {}).items():
             if not 0 <= layer < hp.n_layers or w < 1:

@@ -42,6 +42,7 @@ class Backend(ABC):
 
     name: str
     n_workers: int  # threads its kernels may run on: the per-thread scratch rows a session makes
+    max_batch: int | None = None  # the most tokens one call may carry (None: no limit of its own)
     _mode = threading.local()  # per thread: whether the rows of a call are independent sequences
 
     # -- a batch of sequences -----------------------------------------------------------------
@@ -63,6 +64,11 @@ class Backend(ABC):
         return getattr(self._mode, "independent", False)
 
     # -- a forward pass ----------------------------------------------------------------------
+
+    def check_model(self, hp) -> None:
+        """Raise errors.GpuCannotRun (or UnsupportedModelError) where this backend's kernels
+        cannot run a model of these hyperparameters (models/base.py HParams), before any
+        weight is read. Every model the architectures read runs here."""
 
     def run(self, model, tokens: np.ndarray, cache, res, scratch, rows: np.ndarray, logits: np.ndarray) -> None:
         """model.forward(tokens, cache, res, scratch, rows, logits): how a session runs a chunk

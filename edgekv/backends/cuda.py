@@ -32,7 +32,7 @@ from gguf import GGMLQuantizationType as T
 
 from ..cuda.arrays import DeviceArray, is_page_aligned, page_aligned
 from ..cuda.runtime import Buffer, Device
-from ..errors import EdgeKVError
+from ..errors import EdgeKVError, GpuCannotRun
 from ..gguf.quants import row_nbytes
 from . import cuda_launch as shape
 from .base import Backend, DeviceMemory
@@ -86,6 +86,16 @@ class DeviceScratch:
 class CUDABackend(Backend):
     name = "cuda"
     n_workers = 1  # the host threads its work needs (none beyond the caller's)
+    # a chunk's tokens are a grid's y or z dimension (cuda_launch.py: get_rows, rope, attention)
+    max_batch = shape.MAX_GRID_YZ
+
+    def check_model(self, hp) -> None:
+        """Heads wider than the attention and shift kernels' registers (EK_MAX_HEAD_DIM) are
+        refused here, not read short on the GPU."""
+        widest = max(hp.head_dim, hp.head_dim_v)
+        if widest > shape.MAX_HEAD_DIM:
+            raise GpuCannotRun(f"this model's head size is {widest}, more than the {shape.MAX_HEAD_DIM} the CUDA "
+                               "attention kernels hold per thread; run it with --backend cpu")
 
     def __init__(self, device: Device | None = None):
         self.device = device or Device()

@@ -12,12 +12,18 @@ MATMUL_TOKENS = 8  # EK_MATMUL_TOKENS in matvec.cu: tokens per warp of ek_matmul
 ELEMENTWISE_THREADS = 256
 ELEMENTWISE_MAX_BLOCKS = 4096  # the kernels loop over the rest (grid-stride)
 MAX_ROTATION = 256  # EK_MAX_ROTATION in rotate.cu
+MAX_HEAD_DIM = 256  # EK_MAX_HEAD_DIM in ek_attention.cuh: a head's values one thread holds (and ek_kv_shift's x[])
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z dimensions (x: 2^31 - 1)
 
 
 @dataclass(frozen=True)
 class Launch:
     grid: tuple[int, ...]
     block: tuple[int, ...]
+
+    def __post_init__(self):
+        if any(n > MAX_GRID_YZ for n in self.grid[1:]):  # the driver would refuse it mid-step
+            raise ValueError(f"grid {self.grid}: y and z may be at most {MAX_GRID_YZ} (cap the chunk: max_batch)")
 
 
 def _blocks(n: int, per: int) -> int:

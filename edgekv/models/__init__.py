@@ -31,7 +31,9 @@ def architecture(g: GGUFFile):
 def build_model(g: GGUFFile, backend: Backend | str | None = None):
     """The architecture's model with its weights on `backend` (a Backend, a name, or None:
     EDGEKV_BACKEND / auto)."""
-    model = architecture(g)(g, get_backend(backend))
+    cls, backend = architecture(g), get_backend(backend)
+    backend.check_model(cls.read_hparams(g))  # before any weight is read
+    model = cls(g, backend)
     model.source = g
     return model
 
