@@ -22,17 +22,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# (name, rows, cols, type) per layer, and the output; SmolLM2: Q4_1 layers, Q8_0 output (tied)
+# (name, rows, cols, type) per layer, and the output, as the catalog files hold them
+# (tests/test_cuda_kernels_benchmark.py checks them against the files' headers). SmolLM2: Q4_1
+# layers, Q8_0 output (tied). gemma3-270m Q4_K_M: Q5_0 q/k/gate/up, a Q4_K attn_output (1024
+# columns: whole 256-value blocks), and in 9 of its 18 layers (2, 3, 5, 6, ...) a Q5_0 attn_v
+# with a Q4_K ffn_down, the layers timed here (the other 9: Q8_0 attn_v, Q6_K ffn_down)
 SHAPES = {
     "smollm2-135m": dict(layers=30, heads=(9, 3, 64), matrices=[("qkv", 960, 576, "Q4_1"), ("o", 576, 576, "Q4_1"),
                                                                   ("gate+up", 3072, 576, "Q4_1"),
                                                                   ("down", 576, 1536, "Q4_1")],
                          output=(49152, 576, "Q8_0")),
-    "gemma3-270m": dict(layers=18, heads=(4, 1, 256), matrices=[("qkv", 1536, 640, "Q5_0"), ("o", 640, 1024, "Q5_0"),
-                                                                 ("gate+up", 4096, 640, "Q4_K"),
-                                                                 ("down", 640, 2048, "Q6_K")],
+    "gemma3-270m": dict(layers=18, heads=(4, 1, 256), matrices=[("qkv", 1536, 640, "Q5_0"), ("o", 640, 1024, "Q4_K"),
+                                                                 ("gate+up", 4096, 640, "Q5_0"),
+                                                                 ("down", 640, 2048, "Q4_K")],
                         output=(262144, 640, "Q8_0")),
 }
+# the catalog model each entry's shapes come from, and its tensors behind each matrix (stacked rows)
+SOURCES = {"smollm2-135m": "smollm2-135m-instruct", "gemma3-270m": "gemma3-270m"}
+TENSORS = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate+up": ("ffn_gate", "ffn_up"),
+           "down": ("ffn_down",)}
 DEPTH = 4096
 CACHE_TYPES = ("f16", "q8_0", "q4_0")
 
@@ -53,6 +61,8 @@ def _weights(rows: int, cols: int, kind: str, rng) -> np.ndarray:
     from gguf.quants import quantize
 
     t = gguf.GGMLQuantizationType[kind]
+    if cols % gguf.GGML_QUANT_SIZES[t][0]:  # a kernel would read past every row and past the buffer
+        raise ValueError(f"a {kind} row of {cols} values is not a whole number of blocks: no file holds it")
     if kind in ("Q4_K", "Q5_K", "Q6_K"):  # gguf.quants cannot quantize these: random codes, sane scales
         block, size = gguf.GGML_QUANT_SIZES[t]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
