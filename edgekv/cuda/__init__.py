@@ -3,8 +3,10 @@
 How it works (DESIGN.md section 8): native/*.cu are compiled at first use by NVRTC for the
 exact architecture of the device found (a CUBIN, cached on disk: programs.py) and launched
 through the CUDA driver API; both libraries are opened with cffi in ABI mode (driver.py,
-nvrtc.py), so no compiler, no cudart and no toolkit/driver version pairing is needed: the
-same code runs on Jetson Orin (JetPack 5/6, sm_87) and on desktop GPUs.
+nvrtc.py), so no compiler and no cudart are needed: the same code runs on Jetson Orin
+(JetPack 5/6, sm_87) and on desktop GPUs (sm_75 and newer with CUDA 13's NVRTC, which
+dropped only sm_50-72; sm_61 and newer with CUDA 12's). The NVRTC chosen is the one of the
+driver's CUDA version (find_nvrtc): a CUBIN from a newer CUDA may be refused by the driver.
 
 What lives here: `probe()` -> `CudaStatus`, what `edgekv info` reports and the backend
 choice asks (driver version, devices, NVRTC, and the first reason CUDA cannot be used).
@@ -51,8 +53,10 @@ def probe() -> CudaStatus:
     from .nvrtc import find_nvrtc
 
     status = CudaStatus()
+    driver_version = None
     try:
         driver = open_driver()
+        driver_version = driver.version
         status.driver = version_text(driver.version)
         status.devices = driver.devices()
         old = [d for d in status.devices if d.arch < MIN_ARCH]
@@ -65,13 +69,14 @@ def probe() -> CudaStatus:
     except CudaUnavailable as exc:
         status.problem = str(exc)
     try:
-        nvrtc = find_nvrtc()
+        nvrtc = find_nvrtc(driver_version)
         status.nvrtc = f"{nvrtc.version[0]}.{nvrtc.version[1]} ({nvrtc.path})"
         unsupported = [d for d in status.devices if d.arch not in nvrtc.supported_archs()]
         if unsupported and status.problem is None:
             d = unsupported[0]
-            status.problem = (f"NVRTC {status.nvrtc} cannot compile for {d.name} (sm_{d.arch}); "
-                              "for Jetson Orin use NVRTC 11.4-12.x (pip install 'edgekv[cuda]')")
+            status.problem = (f"NVRTC {status.nvrtc} cannot compile for {d.name} (sm_{d.arch}): it targets "
+                              f"sm_{min(nvrtc.supported_archs())} and newer; use an NVRTC of CUDA 12 "
+                              "(pip install 'edgekv[cuda]') or JetPack's")
     except EdgeKVError as exc:
         status.problem = status.problem or str(exc)
     return status

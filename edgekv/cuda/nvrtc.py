@@ -1,7 +1,9 @@
 """NVRTC, CUDA's runtime compiler, opened with cffi in ABI mode (no compiler, no headers).
 
 What lives here: `find_nvrtc` (where libnvrtc is: EDGEKV_NVRTC, the `nvidia-cuda-nvrtc-cu12`
-wheel of the `cuda` extra, the system's CUDA or JetPack, the loader's search path), `Nvrtc`
+wheel of the `cuda` extra or CUDA 13's `nvidia-cuda-nvrtc`, the system's CUDA or JetPack
+(first on a Jetson), the loader's search path; the one whose CUDA version matches the
+driver's), `Nvrtc`
 (its version, the architectures it targets, and `compile`: CUDA C++ source -> a CUBIN for one
 exact sm_XY, with the compiler's log) and `NvrtcError`.
 Why a CUBIN and not PTX: PTX from a newer toolkit is refused by an older driver (JetPack's);
@@ -11,6 +13,7 @@ What does not: which sources, the disk cache (programs.py), the driver (driver.p
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import sys
@@ -60,29 +63,52 @@ def _wheel_libraries() -> list[str]:
     return [p for p in found if "builtins" not in p and ".alt." not in p]
 
 
+def on_jetson() -> bool:
+    """A Jetson (L4T): JetPack's own CUDA is the one its driver was made with."""
+    return os.path.exists("/etc/nv_tegra_release")
+
+
 def candidates() -> list[str]:
-    """Where libnvrtc is looked for, in order (absolute paths, then sonames for dlopen)."""
+    """Where libnvrtc is looked for, in order (absolute paths, then sonames for dlopen): the
+    wheels, CUDA_HOME / CUDA_PATH, the system's CUDA; on a Jetson, JetPack's first."""
     given = os.environ.get("EDGEKV_NVRTC")
     if given:
         return [given]
-    paths = _wheel_libraries()
+    homes = []
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home:
-            paths += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")), reverse=True)
+            homes += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")), reverse=True)
+    system = []
     for folder in SYSTEM_DIRS:
-        paths += sorted(glob.glob(os.path.join(folder, "libnvrtc.so*")), reverse=True)
+        system += sorted(glob.glob(os.path.join(folder, "libnvrtc.so*")), reverse=True)
+    paths = system + homes + _wheel_libraries() if on_jetson() else _wheel_libraries() + homes + system
     paths = [p for p in paths if "builtins" not in p and ".alt." not in p]
     return paths + list(SONAMES)
 
 
-def find_nvrtc() -> "Nvrtc":
-    """The first libnvrtc that opens; NvrtcError naming what was tried and how to get one."""
-    tried = []
+def find_nvrtc(driver_version: int | None = None) -> "Nvrtc":
+    """The NVRTC to compile with: the first that opens whose CUDA major version is the
+    driver's (driver_version: cuDriverGetVersion's, e.g. 12060; None: no driver to match),
+    else the newest older one (a CUBIN from a newer CUDA than the driver's may be refused:
+    JetPack 5's driver is CUDA 11.4); NvrtcError naming what was tried and how to get one."""
+    tried, opened = [], []
     for where in candidates():
         try:
-            return Nvrtc(where)
+            nvrtc = Nvrtc(where)
         except OSError as exc:
             tried.append(f"{where} ({exc})" if os.environ.get("EDGEKV_NVRTC") else where)
+            continue
+        if driver_version is None or nvrtc.version[0] == driver_version // 1000:
+            return nvrtc
+        opened.append(nvrtc)
+    older = [n for n in opened if n.version[0] < driver_version // 1000] if opened else []
+    if older:
+        return max(older, key=lambda n: n.version)
+    if opened:
+        found = ", ".join(f"{n.version[0]}.{n.version[1]} ({n.path})" for n in opened)
+        raise NvrtcError(f"the NVIDIA driver runs CUDA {driver_version // 1000}.{driver_version % 1000 // 10}, but "
+                         f"the NVRTC found makes code for a newer CUDA: {found}; install the NVRTC of your CUDA "
+                         f"version (JetPack's, or nvidia-cuda-nvrtc-cu{driver_version // 1000}) or update the driver")
     raise NvrtcError(f"NVRTC (libnvrtc.so) not found: tried {', '.join(tried[:6])}"
                      f"{' ...' if len(tried) > 6 else ''}; {HOW_TO_GET}")
 
@@ -93,10 +119,30 @@ class Compiled:
     log: str  # the compiler's messages (warnings) for a source that compiled
 
 
+def preload_builtins(path: str) -> list[str]:
+    """Open the libnvrtc-builtins beside the libnvrtc at `path` (RTLD_GLOBAL), so that NVRTC
+    finds it whatever the loader's search path: the CUDA 13.0 wheel (nvidia-cuda-nvrtc
+    13.0.x) ships libnvrtc.so.13 without an RPATH, and every compile then fails with
+    NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. Returns what was opened (nothing for a soname)."""
+    folder = os.path.dirname(path)
+    if not folder:
+        return []
+    opened = []
+    for lib in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so*"))):
+        if ".alt." not in lib:
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                opened.append(lib)
+            except OSError:  # NVRTC itself then says what is missing
+                pass
+    return opened
+
+
 class Nvrtc:
     def __init__(self, path: str):
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
+        self.builtins = preload_builtins(path)
         self.lib = self.ffi.dlopen(path)
         self.path = path
         major, minor = self.ffi.new("int *"), self.ffi.new("int *")
@@ -123,8 +169,9 @@ class Nvrtc:
         log on a compile error, or when this NVRTC does not target the architecture."""
         if arch not in self.supported_archs():
             raise NvrtcError(f"NVRTC {self.version[0]}.{self.version[1]} ({self.path}) cannot compile for sm_{arch} "
-                             f"(it targets sm_{min(self.supported_archs())}..sm_{max(self.supported_archs())}); "
-                             "Jetson Orin (sm_87) needs NVRTC 11.4-12.x: " + HOW_TO_GET)
+                             f"(it targets sm_{min(self.supported_archs())}..sm_{max(self.supported_archs())}; "
+                             "CUDA 13's NVRTC targets sm_75 and newer, Jetson Orin's sm_87 included; CUDA 12's sm_50 and "
+                             "newer): " + HOW_TO_GET)
         ffi, lib = self.ffi, self.lib
         headers = headers or {}
         keep = [ffi.new("char[]", text.encode()) for text in headers.values()]
@@ -140,7 +187,10 @@ class Nvrtc:
             if result == NVRTC_COMPILATION_ERROR:
                 raise NvrtcError(f"{name} does not compile for sm_{arch} with NVRTC "
                                  f"{self.version[0]}.{self.version[1]}:\n{log}")
-            self._check(result, f"compiling {name}")
+            if result != 0:  # NVRTC failed (not the source): its log says why, when it says anything
+                message = ffi.string(lib.nvrtcGetErrorString(result)).decode()
+                raise NvrtcError(f"compiling {name} for sm_{arch} failed: {message} (NVRTC "
+                                 f"{self.version[0]}.{self.version[1]}, {self.path})" + (f":\n{log}" if log else ""))
             size = ffi.new("size_t *")
             self._check(lib.nvrtcGetCUBINSize(prog[0], size), "nvrtcGetCUBINSize")
             cubin = ffi.new("char[]", size[0])

@@ -54,7 +54,7 @@ class Device:
     def __init__(self, ordinal: int = 0, driver: Driver | None = None, nvrtc: Nvrtc | None = None):
         self.driver = driver or open_driver()
         self.info: DeviceInfo = self.driver.device(ordinal)
-        self.nvrtc = nvrtc or find_nvrtc()
+        self.nvrtc = nvrtc or find_nvrtc(self.driver.version)  # the NVRTC of the driver's CUDA version
         self.context = self.driver.use_device(ordinal)
         self.stream = self.driver.stream()
         self._functions: dict[str, tuple[Any, str]] = {}
