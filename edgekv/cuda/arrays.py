@@ -10,11 +10,14 @@ share a page). What does not: allocation and copies (runtime.Device).
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass, field
 
 import numpy as np
 
-PAGE = 4096  # registration works on whole pages; 4 KiB divides every page size in use (Jetson: 4 KiB)
+# registration works on whole pages of the OS (4 KiB on x86 and stock Jetson kernels; 64 KiB on some
+# aarch64 kernels): two registrations must never share one
+PAGE = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from . import programs
-from .arrays import PAGE, DeviceArray, page_aligned, viewed_array
+from . import arrays
+from .arrays import DeviceArray, page_aligned, viewed_array
 from ..errors import GpuOutOfMemory
 from .driver import ERROR_OUT_OF_MEMORY, CudaError, DeviceInfo, Driver, open_driver
 from .nvrtc import Nvrtc, find_nvrtc
@@ -223,10 +224,11 @@ def _region(array: np.ndarray) -> tuple[int, int, object]:
     if isinstance(mapping, mmap.mmap):
         return np.frombuffer(mapping, np.uint8, count=1).ctypes.data, len(mapping), mapping
     lo = array.ctypes.data
-    first = -(-root.ctypes.data // PAGE) * PAGE  # the whole pages of the memory it is a view of (the
-    end = (root.ctypes.data + root.nbytes) // PAGE * PAGE  # interior of page_aligned's allocation)
+    page = arrays.PAGE
+    first = -(-root.ctypes.data // page) * page  # the whole pages of the memory it is a view of (the
+    end = (root.ctypes.data + root.nbytes) // page * page  # interior of page_aligned's allocation)
     if first <= lo and lo + array.nbytes <= end:
         return first, end - first, root
-    if lo % PAGE:
+    if lo % page:
         raise ValueError("a host array the GPU addresses must own its pages (edgekv.cuda.arrays.page_aligned)")
-    return lo, -(-array.nbytes // PAGE) * PAGE, root  # its own pages, the last one partly
+    return lo, -(-array.nbytes // page) * page, root  # its own pages, the last one partly
