@@ -1,4 +1,4 @@
-# edgekv's two commands: `make chat` and `make test` (+ `make bench`).
+# edgekv's two commands: `make chat` and `make test` (+ `make test-fast`, `make bench`).
 # Each sets up what it needs on first use (.venv, an editable install, the models, the
 # kernels compiled for this CPU by `edgekv warmup`) and is cheap to repeat: pip runs again
 # only when pyproject.toml changes, a model already in the cache (~/.cache/edgekv/models,
@@ -12,12 +12,26 @@ MODELS      := smollm2-135m-instruct gemma3-270m
 PYTEST_ARGS ?=
 PULL        := $(PY) -m edgekv pull
 
-.PHONY: test test-aarch64 chat bench install
+.PHONY: test test-fast lint test-aarch64 chat bench install
 
-test: $(STAMP)
+test: $(STAMP) lint
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
 	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+# pyflakes and syntax errors over the whole tree (the rules: pyproject.toml [tool.ruff])
+lint: $(STAMP)
+	$(VENV)/bin/ruff check edgekv tests tools benchmarks
+
+# the quick loop while developing (~3 min on 2 cores; make test is ~25): unit tests and tiny
+# random models. It leaves out what is marked `slow` (needs a real model, so none is pulled
+# here: the real-model checks against llama.cpp, perplexity, KL, convert, quantize, grammar,
+# chat, server), `long` (fuzz loops, server load, interrupts, the heaviest tiny-model sweeps;
+# tests/conftest.py) and `gpu`. make test runs all but `gpu`, as before.
+FAST        := not slow and not long and not gpu
+test-fast: $(STAMP) lint
+	$(PY) -m edgekv warmup
+	$(PY) -m pytest -q -rs -m "$(FAST)" $(PYTEST_ARGS)
 
 # the aarch64 code under QEMU user-mode emulation (tools/test_aarch64.sh; needs root)
 test-aarch64: $(STAMP)

@@ -147,7 +147,7 @@ def run_engine(model: str, reps: int) -> dict[int, list[tuple[float, float]]]:
 
 def run_edgekv(model: str, reps: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_server import serving  # uvicorn on a free port in a thread, as the server tests run it
+    from helpers.server import serving  # uvicorn on a free port in a thread, as the server tests run it
 
     from edgekv import Llama
     from edgekv.server import create_app

@@ -20,6 +20,18 @@ from pathlib import Path
 
 import pytest
 
+# tests/helpers/ holds what several test modules share (its __init__ says what lives where):
+# its asserts report their values as a test's do
+pytest.register_assert_rewrite("helpers")
+
+
+def pytest_configure(config):
+    # a test's speed class is declared where the test is. `slow` (pyproject.toml): needs a real
+    # model. `long`: no real model, but long (make test-fast, the quick loop, leaves both out)
+    config.addinivalue_line("markers", "long: runs for many seconds without a real model (fuzz loops, load, "
+                                       "interrupts, the heaviest sweeps); make test runs it, make test-fast does not")
+
+
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"  # llama.cpp's results (its README)
 
 

@@ -3,7 +3,7 @@
 attention_f16 is the kernel the reference-model tests hold to llama.cpp bit for bit
 (test_reference_models); the deep kernel only reorders when each operation runs, so every
 output float, and the softmax numerators it leaves in `scores`, must be identical. The
-float64 reference (numpy_reference.py's attention) checks that both are attention at all.
+float64 reference (helpers/f16_attention.py) checks that both are attention at all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from edgekv.kernels.attention_decode import DEPTH_MIN_SLOTS, attention_f16_deep,
 from edgekv.kernels.attention_deep_ir import softmax_numerators_16
 from edgekv.kernels.intrinsics import HAS_FMA
 from edgekv.kernels.config import max_threads
-from tests.test_ops import F16_ATTENTION_ATOL, reference_attention
+from helpers.f16_attention import F16_ATTENTION_ATOL, reference_attention
 
 rng = np.random.default_rng(7)
 
@@ -104,6 +104,7 @@ def test_fits_only_deep_single_queries_in_whole_chunks():
     assert not fits(1, 4096, DEPTH_MIN_SLOTS - 1, 64, 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
 def test_real_model_decodes_the_same_logits_past_the_switch(request, monkeypatch, fixture):
     # the model's own decode at depth ~600 (past DEPTH_MIN_SLOTS, in every layer of

@@ -13,6 +13,9 @@ import pytest
 from edgekv.kv.batch import DecodeStep, decode_together
 from edgekv.loader import load
 from edgekv.backends.contract import Scratch
+from helpers.decode_steps import solo_logits
+
+pytestmark = pytest.mark.slow  # every test here needs a real model
 
 PROMPTS = ["The capital of France is", "Once upon a time there was a little fox who",
            "def fibonacci(n):\n    ", "Water boils at a temperature of"]
@@ -34,16 +37,6 @@ def _sessions(model, cache_type: str, n_ctx: int = 256):
     return sessions
 
 
-def _solo(sessions, tokens) -> list[np.ndarray]:
-    out = []
-    for s, t in zip(sessions, tokens):
-        state = s.snapshot()
-        s.eval([t])
-        out.append(s.logits.copy())
-        s.restore(state)
-    return out
-
-
 def _together(model, sessions, tokens) -> list[np.ndarray]:
     net = model.network
     rows = [np.zeros((1, net.hp.n_vocab), np.float32) for _ in sessions]
@@ -61,7 +54,7 @@ def test_batched_rows_equal_solo_passes(which, cache_type, smollm2_path, gemma3_
     model = _load(smollm2_path if which == "smollm2" else gemma3_path)
     sessions = _sessions(model, cache_type)
     tokens = [int(np.argmax(s.logits)) for s in sessions]
-    solo = _solo(sessions, tokens)
+    solo = solo_logits(sessions, tokens)
     for n in (len(sessions), 2):  # the whole batch, and a part of it in another order
         order = list(range(n))[::-1]
         together = _together(model, [sessions[i] for i in order], [tokens[i] for i in order])
@@ -89,7 +82,7 @@ def test_shallow_f16_sessions_take_one_attention_call_per_layer(smollm2_path, mo
     monkeypatch.setattr(cpu.CPUBackend, "attend_sessions", no_views)
     sessions = _sessions(model, "f16")
     tokens = [int(np.argmax(s.logits)) for s in sessions]
-    solo = _solo(sessions, tokens)
+    solo = solo_logits(sessions, tokens)
     for i, row in enumerate(_together(model, sessions, tokens)):
         assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
     assert calls == {"together": model.hp.n_layers, "views": 0}
@@ -105,7 +98,7 @@ def test_deep_and_shallow_sessions_together_equal_solo_passes(smollm2_path):
         s.eval(np.random.default_rng(i).integers(0, model.hp.n_vocab, depth))
         sessions.append(s)
     tokens = [int(np.argmax(s.logits)) for s in sessions]
-    solo = _solo(sessions, tokens)
+    solo = solo_logits(sessions, tokens)
     for i, row in enumerate(_together(model, sessions, tokens)):
         assert np.array_equal(row, solo[i]), f"session {i}: batched logits differ from its solo pass"
 

@@ -262,6 +262,7 @@ def test_list_models_reports_what_is_cached(fake_world):
 # --- the real models (cached on this machine; `make test` fetches them first) -----------------
 
 
+@pytest.mark.slow
 def test_real_models_are_in_place_and_verified(smollm2_path, gemma3_path):
     for path, name in ((smollm2_path, "smollm2-135m-instruct"), (gemma3_path, "gemma3-270m")):
         entry = catalog.load_catalog()[name]

@@ -17,6 +17,8 @@ from pathlib import Path
 import pexpect
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here needs a real model
+
 REPO = Path(__file__).resolve().parents[1]
 STATS = r"\[prompt: (\d+) new tokens \((\d+) in all\), [\d.]+ tokens/s; generation: (\d+) tokens, [\d.]+ tokens/s; " \
         r"KV (\d+)/(\d+), ring start (-?\d+) cur -?\d+; cache f16/f16\]"

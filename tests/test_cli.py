@@ -158,6 +158,7 @@ def test_list_shows_catalog_and_cache_state(capsys, tmp_path, monkeypatch):
     assert row.rstrip().endswith("yes")
 
 
+@pytest.mark.slow
 def test_pull_returns_the_cached_model(capsys, smollm2_path):
     rc, out, _ = run_cli(capsys, "pull", "smollm2-135m-instruct")
     assert rc == 0 and out.strip() == str(smollm2_path)

@@ -160,6 +160,7 @@ def kv_total(out: str) -> int:
     return int(re.search(r"KV cache total:\s+([\d,]+) bytes", out).group(1).replace(",", ""))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, n_ctx, reason, types", [
     (["-p", "300", "-n", "100"], 512, "input length", ("f16", "f16")),
     (["-c", "1000", "-ctk", "q8_0", "-ctv", "q4_0"], 1000, "requested", ("q8_0", "q4_0")),
@@ -182,6 +183,7 @@ def test_mem_on_smollm2_matches_the_cache(capsys, smollm2_path, argv, n_ctx, rea
     assert weights == context.weight_bytes(g) and 0.9 * file_size < weights < file_size
 
 
+@pytest.mark.slow
 def test_mem_on_gemma3(capsys, gemma3_path):
     g = GGUFFile(gemma3_path)
     hp = read_hparams(g)
@@ -215,6 +217,7 @@ def test_plan_windows_make_a_cache_of_the_planned_size(tiny_model):
     assert cache.nbytes == plan.kv_bytes
 
 
+@pytest.mark.slow
 def test_mem_user_errors(capsys, smollm2_path):
     rc, _, err = mem_cli(capsys, "-m", str(smollm2_path), "--layer-window", "0-40:64")
     assert rc == 1 and "layer 40 does not exist" in err

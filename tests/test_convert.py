@@ -54,6 +54,7 @@ def describe(path: Path) -> dict:
     return load_tool("make_convert_reference").describe(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", (*REAL, *TINY))
 def test_checkpoint_is_what_llama_cpp_read(checkpoint, name):
     # --to-hf (and the tiny checkpoints' recipe) must still make the files the reference saw
@@ -61,6 +62,7 @@ def test_checkpoint_is_what_llama_cpp_read(checkpoint, name):
     assert load_tool("make_convert_reference").inputs(folder) == reference(name)["inputs"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,outtype", CASES)
 def test_convert_writes_llama_cpp_file(checkpoint, tmp_path, name, outtype):
     out = tmp_path / "out.gguf"
@@ -75,6 +77,7 @@ def test_convert_writes_llama_cpp_file(checkpoint, tmp_path, name, outtype):
     assert [p.name for p in tmp_path.iterdir()] == ["out.gguf"]  # no temporary file left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", REAL)
 def test_round_trip_keeps_every_weight(checkpoint, tmp_path, model):
     # GGUF -> --to-hf -> convert f32: each tensor is llama-quantize's F32 dequantization of the
@@ -102,6 +105,7 @@ def same_value(a, b) -> bool:
     return bool(np.array_equal(a, b)) if isinstance(a, (list, np.ndarray)) else a == b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", REAL)
 def test_round_trip_keeps_the_metadata_and_tokenizes_as_llama_cpp(checkpoint, reference, tmp_path, smollm2_path,
                                                                    gemma3_path, model):
@@ -122,6 +126,7 @@ def test_round_trip_keeps_the_metadata_and_tokenizes_as_llama_cpp(checkpoint, re
         assert tok.encode(case["text"], add_bos=False, special=True) == case["ids_parse_special"], case["text"]
 
 
+@pytest.mark.slow
 def test_round_trip_requantized_is_the_catalog_file(checkpoint, tmp_path, smollm2_path):
     # SmolLM2 -> HF -> f32 GGUF -> `edgekv quantize Q4_1` gives back the catalog file's tensors,
     # every byte (Q4_1 of its own dequantization is itself), so it answers as the original.
@@ -140,6 +145,7 @@ def test_round_trip_requantized_is_the_catalog_file(checkpoint, tmp_path, smollm
     assert texts[0] == texts[1], texts
 
 
+@pytest.mark.slow
 def test_hf_tokenizer_json_encodes_as_the_gguf(checkpoint, reference):
     # the tokenizer.json --to-hf writes, run by Hugging Face's own tokenizers library, gives
     # llama.cpp's ids for SmolLM2 (the SentencePiece tokenizer.model is read back by the
@@ -151,6 +157,7 @@ def test_hf_tokenizer_json_encodes_as_the_gguf(checkpoint, reference):
         assert tok.encode(case["text"], add_special_tokens=False).ids == case["ids_parse_special"], case["text"]
 
 
+@pytest.mark.slow
 def test_quantized_outtype_is_convert_then_quantize(checkpoint, tmp_path):
     # --outtype Q4_K_M converts losslessly, then quantizes: the file equals `edgekv quantize`
     # of an f32 conversion, and no intermediate file is left
@@ -180,6 +187,7 @@ QWEN2_SPLIT = {"type": "Sequence", "pretokenizers": [
     {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
 
 
+@pytest.mark.slow
 def test_unknown_vocabulary_is_named_by_its_pre_tokenizer(checkpoint, tmp_path, caplog):
     from edgekv.hf.tokenizer_files import pre_tokenizer_json
 
@@ -191,6 +199,7 @@ def test_unknown_vocabulary_is_named_by_its_pre_tokenizer(checkpoint, tmp_path, 
     assert "not in llama.cpp's hash table" in caplog.text
 
 
+@pytest.mark.slow
 def test_unrecognised_pre_tokenizer_asks_for_pre(checkpoint, tmp_path, capsys):
     odd = {"type": "Split", "pattern": {"Regex": "[a-z]+"}, "behavior": "Isolated", "invert": False}
     folder = with_pre_tokenizer(checkpoint("tiny-qwen2"), tmp_path / "ck", odd)
@@ -224,6 +233,7 @@ def test_missing_folder_and_config(tmp_path, capsys):
     assert not (tmp_path / "o.gguf").exists()
 
 
+@pytest.mark.slow
 def test_unknown_architecture_names_what_is_known(checkpoint, tmp_path, capsys):
     folder = copy_of(checkpoint, "tiny-llama", tmp_path / "ck")
     config = json.loads((folder / "config.json").read_text())
@@ -232,6 +242,7 @@ def test_unknown_architecture_names_what_is_known(checkpoint, tmp_path, capsys):
     assert rc == 1 and "MambaForCausalLM" in err and "Qwen2ForCausalLM" in err
 
 
+@pytest.mark.slow
 def test_truncated_weights_and_missing_shard(checkpoint, tmp_path, capsys):
     folder = copy_of(checkpoint, "tiny-llama", tmp_path / "ck")
     data = (folder / "model.safetensors").read_bytes()
@@ -245,6 +256,7 @@ def test_truncated_weights_and_missing_shard(checkpoint, tmp_path, capsys):
     assert not (tmp_path / "o.gguf").exists()
 
 
+@pytest.mark.slow
 def test_bad_outtype_and_busy_to_hf_folder(checkpoint, smollm2_path, tmp_path, capsys):
     rc, err = run_cli(capsys, checkpoint("tiny-llama"), "-o", tmp_path / "o.gguf", "--outtype", "q3_k")
     assert rc == 1 and "q3_k" in err and "Q4_K_M" in err
@@ -263,6 +275,7 @@ def test_to_hf_refuses_an_unknown_architecture(tiny_model, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_merges_in_either_tokenizer_json_format(checkpoint, tmp_path):
     # older tokenizer.json files list merges as "a b" strings, newer ones as [a, b] pairs
     folder = copy_of(checkpoint, "tiny-llama", tmp_path / "ck")

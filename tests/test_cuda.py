@@ -29,7 +29,7 @@ from edgekv.cuda.driver import CudaUnavailable, open_driver, pack_args
 from edgekv.cuda.nvrtc import NvrtcError, find_nvrtc
 from edgekv.errors import EdgeKVError
 
-from test_cuda_host import QUANTIZED  # noqa: E402  (a sibling test module: tests/ is on sys.path)
+from helpers.native_reference import QUANTIZED
 
 NATIVE = Path(__file__).resolve().parents[1] / "native"
 ARCHS = (87, 90)  # Jetson Orin, H100/H200

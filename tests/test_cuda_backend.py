@@ -22,20 +22,11 @@ from edgekv.backends.cuda import CUDABackend, DeviceScratch
 from edgekv.cuda.arrays import DeviceArray
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
+from helpers.decode_steps import decode, solo_logits
+from helpers.emulated_cuda import WIDE, cuda_model, relative_error, rng
 from numpy_reference import ReferenceModel, ReferenceSession
-from test_batch_decode import _solo
 
-rng = np.random.default_rng(12)
 BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2, "iq4_nl": 8e-2}  # gemma3, below
-WIDE = dict(dim=256, ff=512, n_heads=4, n_kv_heads=2, head_dim=64)  # K-quants stay K-quants; 64-wide heads rotate
-
-
-def cuda_model(path, integrated: bool = True):
-    return load(path, backend=CUDABackend(EmulatedDevice(integrated)))
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "phi3"])
@@ -70,7 +61,7 @@ def test_every_weight_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"])
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("gemma3", marks=pytest.mark.long)])  # gemma3: ~80% of the time
 def test_every_cache_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_model, arch, cache_type):
     path = tiny_model(arch, **WIDE)
     tokens = [int(t) for t in rng.integers(0, 200, 20)]
@@ -283,15 +274,7 @@ def test_device_scratch_has_the_cpu_scratchs_buffers(tiny_model):
     assert dev.cos["local"].shape == cpu.cos["local"].shape
 
 
-def _decode(model, tokens, **session):
-    s = model.session(**session)
-    out = []
-    for t in tokens:
-        s.eval([int(t)])
-        out.append(s.logits.copy())
-    return s, np.array(out)
-
-
+@pytest.mark.long
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_a_replayed_decode_step_equals_the_plain_one(tiny_model, arch, monkeypatch):
     path = tiny_model(arch, **WIDE)
@@ -302,14 +285,14 @@ def test_a_replayed_decode_step_equals_the_plain_one(tiny_model, arch, monkeypat
     collecting = []  # no collection (finalizers freeing or unregistering memory) runs while a step is captured
     monkeypatch.setattr(driver, "begin_capture", lambda stream, begin=driver.begin_capture:
                         (collecting.append(gc.isenabled()), begin(stream))[1])
-    s, replayed = _decode(model, tokens, **options)  # the ring wraps and shifts twice under the graph
+    s, replayed = decode(model, tokens, **options)  # the ring wraps and shifts twice under the graph
     assert collecting == [False] and gc.isenabled()
     assert graphs.captured == 1 and graphs.replayed == len(tokens) - 2  # the first eager, the second captured
     assert driver.graph_launches == len(tokens) - 1
     assert "ek_kv_shift" in driver.launches  # the shifts re-rotated the q8_0 keys in the ring, on the device
     monkeypatch.setenv("EDGEKV_CUDA_GRAPHS", "0")
     plain_model = cuda_model(path)
-    _, plain = _decode(plain_model, tokens, **options)
+    _, plain = decode(plain_model, tokens, **options)
     assert plain_model.backend.graphs.captured == 0
     np.testing.assert_array_equal(replayed, plain)
 
@@ -318,7 +301,7 @@ def test_a_graph_goes_with_its_cache_and_when_a_buffer_it_uses_grows(tiny_model)
     path = tiny_model("llama", "Q8_0", **WIDE)  # activations quantized in a staging buffer
     model = cuda_model(path)
     graphs = model.backend.graphs
-    s, _ = _decode(model, [1, 2, 3], n_ctx=64)
+    s, _ = decode(model, [1, 2, 3], n_ctx=64)
     assert len(graphs.graphs) == 1
     other = model.session(n_ctx=64)
     other.eval(list(range(1, 40)))  # a longer chunk than any before: the staging buffers grow
@@ -345,7 +328,7 @@ def test_sessions_decoding_together_match_their_solo_steps(tiny_model):
         s.eval([int(t) for t in rng.integers(0, 200, n)])
         sessions.append(s)
     tokens = [7, 8, 9]
-    solo = _solo(sessions, tokens)
+    solo = solo_logits(sessions, tokens)
     rows = [np.zeros((1, net.hp.n_vocab), np.float32) for _ in sessions]
     steps = [DecodeStep(t, s.cache, s.cache.reserve(1), row) for s, t, row in zip(sessions, tokens, rows)]
     decode_together(net, steps, net.backend.scratch(net.hp, 3), np.zeros((3, net.hp.n_vocab), np.float32))
@@ -359,9 +342,9 @@ def test_a_step_with_host_work_on_its_logits_is_not_captured(tiny_model):
     path = tiny_model("gemma3", metadata={"gemma3.final_logit_softcapping": 3.0})
     model = cuda_model(path)
     assert model.hp.final_softcap == 3.0
-    _, got = _decode(model, [1, 2, 3, 4, 5], n_ctx=32)
+    _, got = decode(model, [1, 2, 3, 4, 5], n_ctx=32)
     assert model.backend.graphs.captured == 0 and len(model.backend.graphs.refused) == 1
-    _, want = _decode(load(path, backend="cpu"), [1, 2, 3, 4, 5], n_ctx=32)
+    _, want = decode(load(path, backend="cpu"), [1, 2, 3, 4, 5], n_ctx=32)
     assert relative_error(got, want) < 2e-3 and np.abs(got).max() <= 3.0
 
 

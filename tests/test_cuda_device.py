@@ -16,7 +16,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from test_cuda_host import CACHE_TYPES, FLOAT_CACHE_TYPES, QUANTIZED, _reference_attention, _weights, cache_rows
+from helpers.native_reference import (CACHE_TYPES, FLOAT_CACHE_TYPES, QUANTIZED, cache_rows, reference_attention,
+                                      weights)
 
 ROWS_PER_BLOCK = 4  # matvec.cu's EK_ROWS_PER_BLOCK
 
@@ -80,7 +81,7 @@ def test_activations_quantize_to_q8_1(dev):
 def test_quantized_matvec(dev, kind, n_tok):
     rng = np.random.default_rng(2)
     n_rows, n_cols = 37, 512
-    rows = _weights(kind, n_rows, n_cols, rng)
+    rows = weights(kind, n_rows, n_cols, rng)
     x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
     xq, blocks = _q8_1(dev, x)
     got = _matvec(dev, f"ek_matvec_{kind.lower().replace('_k', '_K')}", dev.upload(rows), xq, n_rows, n_cols,
@@ -117,7 +118,7 @@ def test_matmul_gives_each_token_the_matvecs_sums(dev, kind):
     n_rows, n_cols, n_tok = 37, 512, 19
     w = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
     rows = w.view(np.uint8) if kind == "F32" else _stored(w, T[kind]) if kind in ("F16", "BF16") else \
-        _weights(kind, n_rows, n_cols, rng)
+        weights(kind, n_rows, n_cols, rng)
     x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
     x_buf = _f32(dev, x) if kind in ("F32", "F16", "BF16") else _q8_1(dev, x)[0]
     suffix, w_buf = kind.lower().replace("_k", "_K"), dev.upload(rows)
@@ -129,7 +130,7 @@ def test_matmul_gives_each_token_the_matvecs_sums(dev, kind):
 @pytest.mark.parametrize("kind", QUANTIZED + ["F16", "F32"])
 def test_embedding_rows_are_gguf_quants_values(dev, kind):
     rng = np.random.default_rng(4)
-    rows = _weights(kind, 10, 256, rng) if kind in QUANTIZED else _stored(
+    rows = weights(kind, 10, 256, rng) if kind in QUANTIZED else _stored(
         rng.standard_normal((10, 256)).astype(np.float32), T[kind])
     ids = np.array([3, 0, 9, 3], np.int32)
     out = dev.alloc(4 * 256 * 4)
@@ -224,7 +225,7 @@ def test_attention_over_a_wrapped_ring(dev, type_k, type_v):
         kd, vd = dequantize(k, tk), dequantize(v, tv)
         for t in range(n_tok):
             for h in range(n_heads):
-                want = _reference_attention(q[t, h], kd[h // 3], vd[h // 3], slot_pos, q_pos[t], window, 0.125)
+                want = reference_attention(q[t, h], kd[h // 3], vd[h // 3], slot_pos, q_pos[t], window, 0.125)
                 assert np.allclose(got[t, h], want, rtol=1e-4, atol=1e-5), (t, h, window, split)
 
 

@@ -19,9 +19,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
+from helpers.native_reference import (CACHE_TYPES, FLOAT_CACHE_TYPES, QUANTIZED, cache_rows, reference_attention,
+                                      weights)
+
 NATIVE = Path(__file__).resolve().parents[1] / "native"
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-K_QUANTS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # offsets of their f16 scales in a block
 
 
 @pytest.fixture(scope="module")
@@ -161,24 +162,10 @@ def test_half_and_bfloat16_conversions_are_exact_for_every_pattern(host):
         assert np.float32(host.lib.ek_host_bf16(b)).view(np.uint32) == np.uint32(b) << 16
 
 
-def _weights(kind: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
-    """Rows of `kind` as GGUF stores them: quantized from floats, or (K-quants, which
-    gguf.quants cannot quantize) random codes with finite f16 scales."""
-    t = T[kind]
-    if kind not in K_QUANTS:
-        return quantize(rng.standard_normal((n_rows, n_cols)).astype(np.float32), t)
-    block, size = gguf.GGML_QUANT_SIZES[t]
-    raw = rng.integers(0, 256, (n_rows, n_cols // block, size), dtype=np.uint8)
-    for at in K_QUANTS[kind]:
-        raw[..., at: at + 2] = (rng.uniform(0.001, 0.05, raw.shape[:2]).astype(np.float16)
-                                .view(np.uint8).reshape(*raw.shape[:2], 2))
-    return raw.reshape(n_rows, -1)
-
-
 @pytest.mark.parametrize("kind", QUANTIZED)
 def test_sub_blocks_unpack_to_gguf_quants_values_bit_for_bit(host, kind):
     rng = np.random.default_rng(7)
-    rows = _weights(kind, 3, 512, rng)
+    rows = weights(kind, 3, 512, rng)
     want = dequantize(rows, T[kind])
     ffi, lib = host.ffi, host.lib
     got = np.zeros_like(want)
@@ -196,7 +183,7 @@ def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
     # activations as Q8_1 blocks whose s = d * sum(q) is exact in f16 (d a power of two, |q| < 64),
     # so the one rounding the block format adds is absent and the float64 sum is the reference
     rng = np.random.default_rng(11)
-    row = np.ascontiguousarray(_weights(kind, 1, 256, rng)[0])
+    row = np.ascontiguousarray(weights(kind, 1, 256, rng)[0])
     w = dequantize(row[None], T[kind])[0].astype(np.float64)
     ffi, lib = host.ffi, host.lib
     for s in range(8):
@@ -207,21 +194,6 @@ def test_the_int8_dot_with_q8_1_activations_matches_float64(host, kind):
         got = lib.ek_host_dot(int(T[kind]), ffi.from_buffer(row), s, ffi.from_buffer(block))
         terms = w[32 * s: 32 * s + 32] * (d * q.astype(np.float64))
         assert abs(got - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (kind, s, got, terms.sum())
-
-
-CACHE_TYPES = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
-               "q5_0": T.Q5_0, "q5_1": T.Q5_1, "iq4_nl": T.IQ4_NL}
-FLOAT_CACHE_TYPES = ("f32", "f16", "bf16")  # the others are blocks, stored Hadamard-rotated
-
-
-def cache_rows(x: np.ndarray, t) -> np.ndarray:
-    """x [..., n] in cache type t as gguf.quants writes it (IQ4_NL, which it cannot write:
-    numpy_reference.quantize_iq4_nl, ggml's reference quantizer in NumPy)."""
-    if t == T.IQ4_NL:
-        from numpy_reference import quantize_iq4_nl
-
-        return quantize_iq4_nl(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
-    return quantize(x, t)
 
 
 def _row_bytes(t, n: int) -> int:
@@ -275,13 +247,6 @@ def test_kv_rows_saturate_at_the_limit_and_keep_nan(host):
     assert row.view(np.float16)[0, :2].tolist() == [65504.0, -65504.0] and np.isnan(row.view(np.float16)[0, 2])
 
 
-def _reference_attention(q, k, v, slot_pos, qp, window, scale):
-    visible = (slot_pos >= 0) & (slot_pos <= qp) & ((window == 0) | (qp - slot_pos < window))
-    scores = (k[visible].astype(np.float64) @ q.astype(np.float64)) * scale
-    p = np.exp(scores - scores.max())
-    return (p / p.sum()) @ v[visible].astype(np.float64)
-
-
 @pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16"), ("q4_1", "q5_0"),
                                             ("q5_1", "bf16"), ("f32", "q4_0"), ("iq4_nl", "iq4_nl")])
 @pytest.mark.parametrize("window", [0, 5])
@@ -302,7 +267,7 @@ def test_attention_over_a_ring_matches_float64(host, type_k, type_v, window):
                             ffi.from_buffer("int[]", slot_pos), cap, qp, window, int(CACHE_TYPES[type_k]),
                             int(CACHE_TYPES[type_v]), hd_k, hd_v, k_rows.shape[1], v_rows.shape[1], 0.125,
                             ffi.from_buffer("float[]", out))
-    want = _reference_attention(q, k, v, slot_pos, qp, window, 0.125)
+    want = reference_attention(q, k, v, slot_pos, qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
 
 
@@ -335,7 +300,7 @@ def test_attention_split_over_slot_ranges_and_merged_matches_float64(host, type_
     seen = [visible[z * chunk:(z + 1) * chunk].any() for z in range(n_splits)]
     assert not all(seen) and any(seen)
     np.testing.assert_array_equal(parts[:, 1] > 0, seen)  # a range with nothing visible says so (l = 0)
-    want = _reference_attention(q, k[:n_slots], v[:n_slots], slot_pos[:n_slots], qp, window, 0.125)
+    want = reference_attention(q, k[:n_slots], v[:n_slots], slot_pos[:n_slots], qp, window, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
     assert np.allclose(out, whole, rtol=1e-5, atol=1e-6)  # as the one-warp pass
 
@@ -359,7 +324,7 @@ def test_attention_reads_the_sink_rows_for_the_first_positions(host):
     keys = dequantize(k_rows, T.IQ4_NL).astype(np.float64)
     at = np.flatnonzero(slot_pos < n_sinks)
     keys[at] = sink[slot_pos[at]]
-    want = _reference_attention(q, keys, v, slot_pos, cap - 1, 0, 0.125)
+    want = reference_attention(q, keys, v, slot_pos, cap - 1, 0, 0.125)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6), np.abs(out - want).max()
 
 

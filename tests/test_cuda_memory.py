@@ -17,7 +17,8 @@ from cuda_emulator import EmulatedDevice
 from edgekv.backends.cuda import CUDABackend
 from edgekv.cuda.arrays import page_aligned
 from edgekv.loader import load
-from test_cuda_backend import WIDE, _decode, cuda_model, relative_error, rng
+from helpers.decode_steps import decode
+from helpers.emulated_cuda import WIDE, cuda_model, relative_error, rng
 
 
 @pytest.mark.parametrize("integrated", [True, False])
@@ -69,10 +70,10 @@ def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_devic
     path = tiny_model("llama", **WIDE)
     tokens = rng.integers(0, 200, 40)
     options = dict(n_ctx=16, n_batch=1, cache_type_k="q8_0", cache_type_v="f16", context_shift="shift", n_keep=2)
-    _, want = _decode(cuda_model(path, integrated=False), tokens, **options)  # shifted on the device
+    _, want = decode(cuda_model(path, integrated=False), tokens, **options)  # shifted on the device
     model = cuda_model(path, integrated=False)
     monkeypatch.setattr(model.backend.rings, "shift", lambda *args: False)  # the cache's host path instead
-    _, got = _decode(model, tokens, **options)
+    _, got = decode(model, tokens, **options)
     assert "ek_kv_shift" not in model.backend.device.driver.launches
     assert max(relative_error(g, w) for g, w in zip(got, want)) < 1e-2
 

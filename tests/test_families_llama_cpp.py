@@ -2,7 +2,7 @@
 phi3, Mistral-style llama, YaRN, LongRoPE, linear scaling), rebuilt here from the recipe
 in tests/reference/tiny_families.json (tools/make_family_reference.py made it with
 llama-cpp-python 0.3.36), must tokenize as llama.cpp did and give its log-probs and greedy
-ids. The comparison rules are the real models' (test_reference_models.py)."""
+ids. The comparison rules are the real models' (test_reference_models.py, tests/helpers/llama_cpp_rules.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REFERENCE_DIR
 from edgekv.loader import load
-from test_reference_models import LOGPROB_TOL, NEAR_TIE, _log_softmax
+from helpers.llama_cpp_rules import LOGPROB_TOL, NEAR_TIE, log_softmax
 
 DATA = json.loads((REFERENCE_DIR / "tiny_families.json").read_text())
 FAMILIES = sorted(DATA["families"])
@@ -50,7 +50,7 @@ def test_logprobs_and_greedy_ids_match_llama_cpp(tiny_model, family):
         s = model.session(n_ctx=ref["n_ctx"])
         steps = [s.eval(case["prompt_ids"], all_logits=True)]
         steps += [s.eval([t], all_logits=True) for t in case["greedy_ids"][:-1]]
-        lp = _log_softmax(np.concatenate(steps))
+        lp = log_softmax(np.concatenate(steps))
         tops = case["prompt_logprobs_top"][:-1] + case["steps_top"]
         diffs = [np.abs(lp[pos, top["ids"]] - np.array(top["logprobs"])).max() for pos, top in enumerate(tops)]
         # quantized weights take the exact path: llama.cpp's bits, so its log-probs to the

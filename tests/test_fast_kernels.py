@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_quants import random_rows
+from helpers.quant_rows import random_rows
 
 from edgekv.kernels import attention as att
 from edgekv.kernels import attention_q as attq
@@ -256,6 +256,7 @@ def test_in_place_cache_rows_against_dequantized_ones(name, ggml_type):
         np.testing.assert_allclose(acc, 1 + 0.5 * deq[r].astype(np.float64), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_released_file_pages_read_back_the_same(smollm2_path):
     from edgekv.gguf.reader import GGUFFile
 

@@ -6,7 +6,6 @@ the problem. Inputs that once broke something are kept in test_gguf_hostile.py."
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import multiprocessing
 import resource
@@ -15,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from gguf_craft import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, UINT64, rewrite
+from helpers.hostile_gguf import fuzz_tool
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+pytestmark = pytest.mark.long  # fuzz loops: thousands of mutants
+
 WRONG_VALUES = {
     "zero": (UINT32, 0, None), "u32 max": (UINT32, 2**32 - 1, None), "minus one": (INT32, -1, None),
     "2^63": (UINT64, 2**63, None), "NaN": (FLOAT32, math.nan, None), "huge float": (FLOAT32, 3e38, None),
@@ -26,20 +27,13 @@ WRONG_VALUES = {
 SMALL = dict(n_layers=1, dim=32, n_heads=2, n_kv_heads=1, head_dim=16, ff=64, n_ctx=64)
 
 
-def _fuzz_tool():
-    spec = importlib.util.spec_from_file_location("fuzz_gguf", TOOLS / "fuzz_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # BPE and SPM vocabularies, all of base.py's keys
 def test_every_metadata_key_with_every_wrong_value(tiny_model, tmp_path, arch):
     from gguf import GGUFReader
 
     src = tiny_model(arch, "Q8_0", **SMALL)
     keys = [f.name for f in GGUFReader(src).fields.values() if not f.name.startswith("GGUF.")]
-    try_load = _fuzz_tool().try_load
+    try_load = fuzz_tool().try_load
     outcomes: dict[str, int] = {}
     for key in keys:
         for name, new in WRONG_VALUES.items():
@@ -59,7 +53,7 @@ def _run_share(args: tuple) -> tuple[dict, list]:
 
     logging.getLogger("edgekv").setLevel(logging.CRITICAL)
     blob, n, seed = args
-    tool = _fuzz_tool()
+    tool = fuzz_tool()
     with tempfile.TemporaryDirectory() as folder:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         clean = Path(folder) / "clean.gguf"
@@ -73,7 +67,7 @@ def _run_share(args: tuple) -> tuple[dict, list]:
 
 def test_twenty_thousand_mutants_load_or_fail_cleanly(tmp_path):
     """Two processes of 10,000 seeded mutants each; peak memory stays that of a tiny model."""
-    tool = _fuzz_tool()
+    tool = fuzz_tool()
     blob = tool.tiny_blob("llama", tmp_path)
     context = multiprocessing.get_context("spawn")
     with context.Pool(2) as pool:

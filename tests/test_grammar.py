@@ -87,6 +87,7 @@ def llm(request, smollm2_path, gemma3_path):
     return Llama(str(smollm2_path if request.param == "smollm2" else gemma3_path), n_ctx=512)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_schema_output_validates_greedy_and_sampled(llm, name):
     schema = SCHEMAS[name]
@@ -100,6 +101,7 @@ def test_schema_output_validates_greedy_and_sampled(llm, name):
         jsonschema.validate(json.loads(text), schema)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
 def test_gbnf_output_matches(llm, name):
     gbnf, pattern = GRAMMARS[name]
@@ -110,6 +112,7 @@ def test_gbnf_output_matches(llm, name):
         assert r["choices"][0]["finish_reason"] == "stop" and re.fullmatch(pattern, text), (seed, text)
 
 
+@pytest.mark.slow
 def test_json_object_mode_and_gbnf_text_argument(smollm2_path):
     llm = Llama(str(smollm2_path), n_ctx=512)
     r = llm.create_chat_completion([{"role": "user", "content": "Give {\"answer\": ...} for 2+2 as JSON."}],
@@ -145,6 +148,7 @@ def test_a_bad_response_format_names_the_problem(fmt, message):
         response_format_grammar(fmt)
 
 
+@pytest.mark.slow
 def test_run_command_json_schema(smollm2_path, tmp_path, capsys):
     schema = SCHEMAS["array min/max items"]
     (tmp_path / "s.json").write_text(json.dumps(schema))
@@ -155,6 +159,7 @@ def test_run_command_json_schema(smollm2_path, tmp_path, capsys):
     assert "invalid GBNF grammar" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_server_response_format(smollm2_path):
     from starlette.testclient import TestClient
 

@@ -18,12 +18,12 @@ from edgekv.errors import EdgeKVError
 from edgekv.gguf.inspection import inspect_gguf
 from edgekv.loader import load
 from gguf_craft import craft
-from test_gguf_fuzz import _fuzz_tool
-from test_gguf_hostile import ARCH, CASES, DATA, ONE
+from helpers.hostile_gguf import ARCH, CASES, DATA, ONE, fuzz_tool, poisoned
 
 N_MUTANTS = 3000
 
 
+@pytest.mark.slow
 def test_the_report_of_smollm2_matches_gguf_py(smollm2_path, capsys):
     assert main(["inspect", str(smollm2_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -43,6 +43,7 @@ def test_the_report_of_smollm2_matches_gguf_py(smollm2_path, capsys):
     assert sum(t["bytes"] for t in report["totals"].values()) == report["tensor_bytes"]
 
 
+@pytest.mark.slow
 def test_the_text_report(smollm2_path, capsys):
     assert main(["inspect", str(smollm2_path)]) == 0
     out = capsys.readouterr().out
@@ -66,8 +67,6 @@ def test_a_malformed_file_is_reported_not_raised(tmp_path, case):
 
 
 def test_nan_weights_are_found_with_check_tensors(tiny_model, tmp_path, capsys):
-    from test_numerics import poisoned
-
     src = tiny_model("llama")
     bad = poisoned(src, tmp_path / "nan.gguf", "blk.0.ffn_up.weight",
                    lambda raw: bytearray(np.full(len(raw) // 4, np.nan, np.float32).tobytes()))
@@ -82,10 +81,11 @@ def test_a_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().out
 
 
+@pytest.mark.long
 def test_fuzzed_files_are_reported_exactly_when_loading_fails(tmp_path):
     """3,000 mutants of the fuzzer's tiny model: inspect never raises, and its report has a
     problem if and only if edgekv.load refuses the file."""
-    tool = _fuzz_tool()
+    tool = fuzz_tool()
     blob = tool.tiny_blob("llama", tmp_path)
     start = tool.data_offset(blob, tmp_path / "base.gguf")
     rng = random.Random(5)

@@ -24,6 +24,8 @@ from edgekv.loader import load
 from edgekv.state_file import load_session, model_fingerprint
 from interrupt_driver import N_CTX
 
+pytestmark = pytest.mark.long  # SIGINTs and SIGKILLs at random moments in child processes
+
 DRIVER = str(Path(__file__).with_name("interrupt_driver.py"))
 WAIT_S = 120  # the longest the child may take to answer: then the test fails
 MAX_DELAY_S = {"prefill": 0.03, "decode": 0.03, "save": 0.01}

@@ -90,6 +90,7 @@ def test_statistics_from_llama_perplexity_files_equal_its_own(capsys):
 KLD_BOUND = {"smollm2-model-q4_k_m": 0.02, "smollm2-cache-q4_0": 0.04, "gemma3-cache-q8_0": 0.06}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ("smollm2-cache-q4_0", "smollm2-model-q4_k_m", "gemma3-cache-q8_0"))
 def test_real_models_against_llama_perplexity(model_file, tmp_path, capsys, case):
     # the same base, text and chunks: the base file's header and tokens byte for byte, both
@@ -150,6 +151,7 @@ def test_stored_rows_keep_log_probs_to_the_16_bit_step():
     assert s.count == 7 and 0 <= s.sums["kld"] / 7 < 1e-4 and s.same_top == 7
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(tiny_model, gemma3_path, tmp_path, capsys):
     model = str(tiny_model())
     rc = main(["perplexity", "-m", model, "--kl-divergence"])

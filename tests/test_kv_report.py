@@ -101,6 +101,7 @@ def test_kl_divergence_is_float64_kl():
     assert np.allclose(kl_divergence(base_logp, base), 0, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["smollm2_path", "gemma3_path"])
 def test_the_longest_context_fits_the_budget_and_one_more_step_does_not(fixture, request):
     hp = read_hparams(GGUFFile(request.getfixturevalue(fixture)))
@@ -149,6 +150,7 @@ def _independent_kld(model_path, chunks: list[list[int]], type_k: str, type_v: s
     return float(total / count)
 
 
+@pytest.mark.slow
 def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
     png = tmp_path / "kv.png"
     code = main(["kv-report", "-m", str(smollm2_path), "-f", str(GPL3), "--chunks", "2", "--types",
@@ -182,6 +184,7 @@ def test_kv_report_on_smollm2(smollm2_path, tmp_path, capsys):
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1320, 780)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--types", "q9_0"], "q9_0"),
     (["--png", "out.jpg"], "ending in .png"),

@@ -170,6 +170,7 @@ def test_a_grown_mixed_session_continues_as_one_made_large(mixed_path):
                                rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_plans_and_caches_count_bytes_layer_by_layer(smollm2_path):
     # SmolLM2: 30 layers, 3 KV heads of 64 values: q8_0 68 bytes a head, q4_0 36, f16 128
     hp = read_hparams(GGUFFile(smollm2_path))

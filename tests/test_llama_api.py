@@ -12,11 +12,7 @@ import edgekv.api.completions as completions_module
 from edgekv import ContextFullError, EdgeKVError, Llama
 
 from edgekv.testing import tiny_model as mtm  # noqa: E402
-TEXT = "Hello world! The quick brown fox jumps over the lazy dog."
-BAN = -1e9  # a logit bias that removes a token
-# logits of one position evaluated in chunks of different sizes: prefill and decode take
-# different kernel paths, which agree to float rounding (logits here are O(1))
-CHUNKING_ATOL = 2e-3
+from helpers.facade import CHUNKING_ATOL, TEXT, no_eog, spanning_stop
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +29,6 @@ def arch(request):
 @pytest.fixture
 def llm(tiny_paths, arch):
     return Llama(tiny_paths[arch], n_ctx=128)
-
-
-def no_eog(llm: Llama) -> dict[int, float]:
-    """A logit bias that keeps generation going until max_tokens."""
-    return {t: BAN for t in llm.tokenizer_.eog_ids | set(llm.chat_formatter.stop_token_ids)}
 
 
 def test_ignore_eos_generates_through_the_end_tokens(llm):
@@ -143,20 +134,6 @@ def test_prefix_reuse_evaluates_only_new_tokens(llm):
     n_new = len(llm.tokenize("The quick brown fox jumps", special=True)) - len(
         llm.tokenize("The quick brown fox", special=True))
     assert 1 <= llm.last_stats.prompt_eval_tokens <= n_new + 1
-
-
-def spanning_stop(llm: Llama, tokens: list[int]) -> str:
-    """A stop string that starts inside one token's text and ends in the next one's (inside
-    it when that token has two characters or more)."""
-    pieces = [llm.detokenize([t]).decode("utf-8", errors="replace") for t in tokens]
-    text = "".join(pieces)
-    for i in range(1, len(pieces) - 1):
-        a, b = pieces[i], pieces[i + 1]
-        if len(a) >= 2 and b and (a + b).isprintable() and "\ufffd" not in a + b:
-            stop = a[1:] + b[: max(1, len(b) - 1)]
-            if text.find(stop) == len("".join(pieces[:i])) + 1:
-                return stop
-    pytest.fail(f"no token pair to build a spanning stop string from in {pieces}")
 
 
 def test_stop_string_spanning_tokens(llm):
@@ -391,6 +368,7 @@ def test_chat_matches_llama_cpp_on_smollm2(smollm2_path, reference):
             assert top[0] - top[1] < NEAR_TIE, f"step {step}: ours {generated[step]}, llama.cpp {expected[step]}"
 
 
+@pytest.mark.slow
 def test_chat_after_a_context_shift_evaluates_only_the_new_turn(smollm2_path):
     # once the shift policy dropped tokens, the re-rendered conversation no longer starts
     # like the cache; the new turn is appended to the cache instead of re-evaluating it all

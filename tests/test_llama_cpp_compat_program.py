@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here needs a real model
+
 # Written against llama-cpp-python's documented API; only the import differs.
 PROGRAM = '''
 from edgekv import Llama
@@ -53,7 +55,6 @@ def run(source: str, model_path: str) -> dict:
     return scope
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["path", "catalog name"])
 def test_llama_cpp_python_program_runs_unchanged(smollm2_path, how):
     model_path = str(smollm2_path) if how == "path" else "smollm2-135m-instruct"
@@ -69,7 +70,6 @@ def readme_python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-@pytest.mark.slow
 def test_readme_python_examples_run(smollm2_path, capsys):
     """The blocks run one after the other in one namespace, as a reader would type them."""
     blocks = readme_python_blocks()

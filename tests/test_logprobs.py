@@ -8,7 +8,7 @@ import pytest
 
 from edgekv import EdgeKVError, Llama
 from edgekv.api.logprobs import LogprobRecorder, log_softmax
-from test_llama_api import BAN, CHUNKING_ATOL, TEXT, no_eog, spanning_stop
+from helpers.facade import BAN, CHUNKING_ATOL, TEXT, no_eog, spanning_stop
 
 from edgekv.testing import tiny_model as mtm  # noqa: E402
 CHAT = [{"role": "user", "content": "Hi there"}]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_quants import ALL_TYPES, random_rows, reference_dequantize, same_bits
+from helpers.quant_rows import ALL_TYPES, random_rows, reference_dequantize, same_bits
 
 from edgekv.gguf import quants
 from edgekv.errors import UnsupportedModelError

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from edgekv.kv import plan as context
 from edgekv.kv import memory
 from edgekv.cli import main
@@ -84,6 +86,7 @@ def test_this_machine_has_a_figure():
     assert free.bytes > 0 and context.available_memory() == free.bytes
 
 
+@pytest.mark.slow
 def test_edgekv_mem_says_which_figure_the_budget_came_from(capsys, smollm2_path, monkeypatch):
     monkeypatch.setattr("edgekv.kv.memory.free_memory", lambda: memory.FreeMemory(4 * GiB, "cgroup v2 memory.max (test)"))
     assert main(["mem", "-m", str(smollm2_path), "-c", "auto"]) == 0

@@ -28,6 +28,7 @@ def make_twin(src, tmp_path, name="m"):
     return n, out
 
 
+@pytest.mark.slow
 def test_the_real_models_travel_as_headers_and_come_back_as_twins(smollm2_path, gemma3_path, tmp_path):
     sizes = []
     for name, src in (("smollm2", smollm2_path), ("gemma3", gemma3_path)):

@@ -6,12 +6,9 @@ dequantization for which blocks are bad; the float32 values for what saturation 
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
@@ -20,19 +17,7 @@ from edgekv.backends import get_backend
 from edgekv.kv.cache import CACHE_TYPES, KeyMap, KVCache
 from edgekv.gguf.quants import QUANT_TYPES, count_non_finite
 from edgekv.kv.types import KV_CACHE_TYPES
-
-
-def poisoned(src, dst, tensor: str, edit) -> str:
-    """Copy the GGUF src to dst with edit(bytes of `tensor`) -> new bytes of the same size."""
-    shutil.copyfile(src, dst)
-    t = next(t for t in GGUFReader(src).tensors if t.name == tensor)
-    raw = bytearray(open(src, "rb").read()[t.data_offset : t.data_offset + t.n_bytes])
-    new = edit(raw)
-    assert len(new) == len(raw)
-    with open(dst, "r+b") as f:
-        f.seek(t.data_offset)
-        f.write(new)
-    return str(dst)
+from helpers.hostile_gguf import poisoned
 
 
 def set_f16(raw: bytearray, at: int, value: float) -> bytearray:

@@ -9,6 +9,7 @@ from edgekv.kernels import ops
 from edgekv.kernels.config import max_threads
 from edgekv.kernels.ggml_math import gelu_f16_table
 from edgekv.kernels.attention import attention_chunk_blas, attention_f16
+from helpers.f16_attention import F16_ATTENTION_ATOL, reference_attention
 
 RTOL = 2e-5  # float32 kernels vs float64 NumPy
 rng = np.random.default_rng(0)
@@ -94,24 +95,6 @@ def test_v_expf_is_within_its_documented_error():
     # ggml documents 1.45 ulp + 0.5 for rounding; measured against the exact value
     assert np.all(np.abs(got - want) <= 2.5 * np.spacing(want.astype(np.float32)))
     assert v_expf(np.float32(-np.inf)) == 0.0 and v_expf(np.float32(-200.0)) == 0.0
-
-
-F16_ATTENTION_ATOL = 5e-3  # |out| ~ 1: f16 rounding of q (2^-11 relative) and of the weights
-
-
-def reference_attention(q, q_pos, k, v, slot_pos, window, scale):
-    n, heads, _ = q.shape
-    group = heads // k.shape[0]
-    out = np.zeros((n, heads, v.shape[2]))
-    for t in range(n):
-        vis = (slot_pos >= 0) & (slot_pos <= q_pos[t])
-        if window:
-            vis &= q_pos[t] - slot_pos < window
-        for h in range(heads):
-            s = k[h // group, vis].astype(np.float64) @ q[t, h] * scale
-            p = np.exp(s - s.max())
-            out[t, h] = p @ v[h // group, vis] / p.sum()
-    return out
 
 
 @pytest.mark.parametrize("kernel", ["numba", "blas"])

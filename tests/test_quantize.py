@@ -75,6 +75,7 @@ def source(tmp_path_factory, smollm2_path, gemma3_path):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src_type", SOURCES)
 @pytest.mark.parametrize("model", MODELS)
 def test_dequantized_source_equals_llama_quantize(source, model, src_type):
@@ -87,6 +88,7 @@ def test_dequantized_source_equals_llama_quantize(source, model, src_type):
                     f"(of {len(differ)}); if none, the metadata or layout")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_tensor_types_follow_llama_quantize_rules(source, model):
     # every file type from both sources, and the flag variants: each tensor's type as
@@ -102,6 +104,7 @@ def test_tensor_types_follow_llama_quantize_rules(source, model):
             assert not wrong, f"{model} {src_type} -> {label}: (ours, llama.cpp) {dict(list(wrong.items())[:6])}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dst", PAIR_TYPES)
 @pytest.mark.parametrize("src_type", SOURCES)
 @pytest.mark.parametrize("model", MODELS)
@@ -132,6 +135,7 @@ CLI_RUNS = (("smollm2-135m-instruct", "F16", "Q4_K_M"), ("gemma3-270m", "F16", "
             ("gemma3-270m", "F16", "Q4_K_M --output-tensor-type q8_0 --token-embedding-type q4_0"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,src_type,label", CLI_RUNS)
 def test_command_writes_llama_quantize_file(source, tmp_path, model, src_type, label):
     # the whole file: metadata, tensor directory, alignment, data
@@ -144,6 +148,7 @@ def test_command_writes_llama_quantize_file(source, tmp_path, model, src_type, l
     assert [p.name for p in tmp_path.iterdir()] == ["out.gguf"]  # no temporary file left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_quantized_model_runs(source, tmp_path, smollm2_path, gemma3_path, model):
     # the Q4_K_M file loads and continues a prompt with no near-tie as the catalog file does

@@ -12,12 +12,14 @@ log-probs agree to the precision the reference file stores them with.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from edgekv.loader import load
+from helpers.llama_cpp_rules import LOGPROB_TOL, NEAR_TIE, log_softmax
+
+pytestmark = pytest.mark.slow  # every test here needs a real model
 
 MODELS = {"smollm2-135m-instruct-q4_1": "smollm2_path", "gemma3-270m-q4_k_m": "gemma3_path"}
-NEAR_TIE = 0.05  # llama.cpp top-2 gap under which a divergence is not a bug (reference README)
-LOGPROB_TOL = 1e-3  # the reference stores log-probs rounded to 5 decimals
 
 _loaded: dict = {}
 
@@ -26,11 +28,6 @@ def _model(request, key):
     if key not in _loaded:
         _loaded[key] = load(request.getfixturevalue(MODELS[key]))
     return _loaded[key]
-
-
-def _log_softmax(logits):
-    z = logits - logits.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 def _cases(reference):
@@ -54,7 +51,7 @@ def test_teacher_forced_logprobs_match_llama_cpp(request, reference, greedy_case
     # the prompt as one chunk, then one token at a time: what llama.cpp did
     steps = [s.eval(case["prompt_ids"], all_logits=True)]
     steps += [s.eval([t], all_logits=True) for t in case["greedy_ids"][:-1]]
-    lp = _log_softmax(np.concatenate(steps))
+    lp = log_softmax(np.concatenate(steps))
     # prompt_logprobs_top[p] is the distribution after prompt token p; the last one is
     # also steps_top[0], the distribution that chose greedy_ids[0]
     tops = case["prompt_logprobs_top"][:-1] + case["steps_top"]

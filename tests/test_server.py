@@ -7,42 +7,21 @@ from __future__ import annotations
 import http.client
 import json
 import queue
-import socket
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 
 import openai
 import pytest
-import uvicorn
 
 from edgekv import Llama
 from edgekv.server import create_app
+from helpers.server import KEY, WAIT_S, openai_client, serving
 
-KEY = "test-key"
+pytestmark = pytest.mark.slow  # every test here needs a real model
+
 N_CTX = 512
-WAIT_S = 120  # the longest any request, thread or process in these tests may take: then it fails
 HELLO = [{"role": "user", "content": "Name three colours."}]
-
-
-@contextmanager
-def serving(app):
-    """Run `app` with uvicorn on a free port (the socket listens before the thread starts,
-    so requests made at once wait in its backlog); yields the port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        sock.close()
-        assert not thread.is_alive(), f"the server did not stop within {WAIT_S} s"
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +34,6 @@ def server(llm):
     app = create_app(llm, model_id="smollm2", api_key=KEY, max_queue=4, max_body=64 * 1024)
     with serving(app) as port:
         yield app, port
-
-
-def openai_client(url: str, api_key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=WAIT_S)
 
 
 @pytest.fixture

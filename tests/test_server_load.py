@@ -6,6 +6,7 @@ what it was after warm-up, with no thread or file descriptor left behind."""
 
 from __future__ import annotations
 
+import pytest
 import gc
 import http.client
 import json
@@ -14,7 +15,9 @@ import threading
 
 from edgekv import Llama
 from edgekv.server import create_app
-from test_server import WAIT_S, serving
+from helpers.server import WAIT_S, serving
+
+pytestmark = pytest.mark.long  # load: hundreds of requests, a soak
 
 N_CLIENTS, N_EACH, N_SOAK, N_WARM = 8, 25, 1000, 100
 

@@ -15,7 +15,9 @@ import pytest
 
 from edgekv import Llama
 from edgekv.server import create_app
-from test_server import WAIT_S, openai_client, serving
+from helpers.server import WAIT_S, openai_client, serving
+
+pytestmark = pytest.mark.slow  # every test here needs a real model
 
 N_CTX = 256
 MAX_TOKENS = 10

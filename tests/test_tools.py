@@ -18,7 +18,7 @@ from edgekv.api.tool_reader import CallReader
 from edgekv.api.tools import ToolCalling
 from edgekv.errors import EdgeKVError
 from edgekv.server import create_app
-from test_server import WAIT_S, serving
+from helpers.server import WAIT_S, serving
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
@@ -49,6 +49,7 @@ def llm(smollm2_path):
     return Llama(str(smollm2_path), n_ctx=1024)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 def test_a_required_or_named_call(llm, choice):
     for seed in (None, 1, 2):
@@ -60,6 +61,7 @@ def test_a_required_or_named_call(llm, choice):
         check_call(call, None if choice == "required" else "add")
 
 
+@pytest.mark.slow
 def test_auto_answers_text_or_a_valid_call_and_none_answers_text(llm):
     r = llm.create_chat_completion(ASK, tools=TOOLS, max_tokens=40, temperature=0)  # tool_choice auto
     message = r["choices"][0]["message"]
@@ -81,6 +83,7 @@ def streamed_call(chunks: list[dict]) -> dict:
     return dict(head, function=dict(head["function"], arguments="".join(d["function"]["arguments"] for d in rest)))
 
 
+@pytest.mark.slow
 def test_a_streamed_call_comes_piece_by_piece(llm):
     for seed in (None, 1):
         kwargs = dict(tools=TOOLS, tool_choice="required", max_tokens=80, seed=seed, temperature=0 if seed is None else 0.9)
@@ -95,6 +98,7 @@ def test_a_streamed_call_comes_piece_by_piece(llm):
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.slow
 def test_a_streamed_text_answer_with_tools_comes_piece_by_piece(llm):
     kwargs = dict(tools=TOOLS, max_tokens=20, temperature=0)  # auto: SmolLM2 answers this one in text
     whole = llm.create_chat_completion(ASK, **kwargs)["choices"][0]
@@ -104,6 +108,7 @@ def test_a_streamed_text_answer_with_tools_comes_piece_by_piece(llm):
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 def test_a_call_cut_by_max_tokens_streams_what_it_has(llm):
     chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=9,
                                              temperature=0, stream=True))
@@ -111,6 +116,7 @@ def test_a_call_cut_by_max_tokens_streams_what_it_has(llm):
     assert call["function"]["arguments"].startswith("{") and chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tools={"x": 1}), "tools must be a list"),
     (dict(tools=[{"type": "function", "function": {"description": "no name"}}]), r"tools\[0\]"),
@@ -171,6 +177,7 @@ def test_the_models_own_format_on_a_llama_3_template(tiny_model):
     assert '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|>' in rendered
 
 
+@pytest.mark.slow
 def test_round_trip_through_the_openai_client(llm):
     with serving(create_app(llm)) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=WAIT_S)
@@ -198,6 +205,7 @@ def test_round_trip_through_the_openai_client(llm):
                                                                          "function": {"name": "nope"}})
 
 
+@pytest.mark.slow
 def test_round_trip_through_langchain(llm):
     """LangChain's ChatOpenAI with bind_tools, a second real client: the model calls the
     function (tool_choice "any" is LangChain's "required"), the result goes back as a
