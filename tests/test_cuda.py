@@ -129,6 +129,17 @@ def fake_libcuda(tmp_path_factory):
     return _build_fake_libcuda(tmp_path_factory.mktemp("fake_cuda"))
 
 
+@pytest.fixture(autouse=True)
+def fake_driver_of_the_nvrtcs_cuda(monkeypatch):
+    """The stand-in driver reports the CUDA version of the NVRTC in use (find_nvrtc picks the
+    NVRTC of the driver's version): CUDA 12's here, CUDA 13's on a machine with only that one."""
+    try:
+        major, minor = find_nvrtc().version
+    except NvrtcError:
+        return
+    monkeypatch.setenv("FAKE_CUDA_DRIVER", str(major * 1000 + minor * 10))
+
+
 def test_a_driver_older_than_edgekv_needs_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKV_LIBCUDA", _build_fake_libcuda(tmp_path, "-DFAKE_OLD_DRIVER"))
     with pytest.raises(CudaUnavailable, match=r"lacks cuDevicePrimaryCtxRetain, .* and more: it is older than "
@@ -164,13 +175,18 @@ def test_a_device_is_described_and_auto_takes_it(fake_libcuda, monkeypatch, capf
     monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
     monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
     monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    monkeypatch.setenv("FAKE_CUDA_DRIVER", "12060")
+    nvrtc = find_nvrtc(12060) if find_nvrtc().version[0] == 12 else None
+    if nvrtc is None:  # only CUDA 13's NVRTC here: the stand-in driver is CUDA 13.0
+        monkeypatch.setenv("FAKE_CUDA_DRIVER", "13000")
     drv = open_driver()
-    assert cuda_driver.version_text(drv.version) == "12.6"
+    version = cuda_driver.version_text(drv.version)
+    assert version == ("12.6" if nvrtc is not None else "13.0")
     (dev,) = drv.devices()
     assert (dev.name, dev.capability, dev.arch, dev.total_memory, dev.integrated, dev.multiprocessors) == \
         ("Fake Orin", (8, 7), 87, 8 << 30, True, 8)
     status = probe()
-    assert status.problem is None and status.driver == "12.6"
+    assert status.problem is None and status.driver == version
     assert resolve_backend_name("cuda") == "cuda"  # a device and NVRTC for it: the backend can be made
     assert resolve_backend_name("auto") == "cuda"  # and auto takes it
     # the fake cannot make a context: auto says so in one line and runs on the CPU; asked by name, an error
@@ -220,8 +236,15 @@ def test_a_gpu_older_than_the_kernels_need_is_named_and_auto_says_so(fake_libcud
     assert "found Fake Orin but CUDA cannot be used: Fake Orin is sm_53" in capfd.readouterr().err
     with pytest.raises(EdgeKVError, match="sm_53: edgekv's CUDA kernels need"):
         resolve_backend_name("cuda")
-    monkeypatch.setenv("FAKE_CUDA_CC", "61")  # Pascal: enough
+    # the oldest GPU both the kernels (6.1: __dp4a) and the NVRTC in use target is enough: sm_61
+    # (Pascal) with CUDA 12's NVRTC, sm_75 with CUDA 13's (which dropped sm_50-72), on a driver of
+    # that NVRTC's CUDA version
+    nvrtc = find_nvrtc()  # the one of the stand-in driver's CUDA version (fake_driver_of_the_nvrtcs_cuda)
+    monkeypatch.setenv("FAKE_CUDA_CC", str(min(a for a in nvrtc.supported_archs() if a >= 61)))
     assert probe().problem is None
+    if 61 not in nvrtc.supported_archs():
+        monkeypatch.setenv("FAKE_CUDA_CC", "61")
+        assert f"cannot compile for Fake Orin (sm_61): it targets sm_{min(nvrtc.supported_archs())}" in probe().problem
 
 
 def test_the_context_is_made_current_in_each_thread_that_calls_the_driver(fake_libcuda, monkeypatch):

@@ -14,7 +14,10 @@ CUresult cuInit(unsigned int flags) {
     (void)flags;
     return v ? atoi(v) : 0;
 }
-CUresult cuDriverGetVersion(int *version) { *version = 12060; return 0; }
+CUresult cuDriverGetVersion(int *version) {  /* FAKE_CUDA_DRIVER: e.g. 13000; default CUDA 12.6 */
+    *version = getenv("FAKE_CUDA_DRIVER") ? atoi(getenv("FAKE_CUDA_DRIVER")) : 12060;
+    return 0;
+}
 CUresult cuGetErrorName(CUresult error, const char **name) {
     *name = error == 100 ? "CUDA_ERROR_NO_DEVICE" : error == 999 ? "CUDA_ERROR_UNKNOWN" :
             error == 801 ? "CUDA_ERROR_NOT_SUPPORTED" :
