@@ -137,7 +137,7 @@ _ELSEWHERE = {"convert_hf_to_gguf.py", "run.c", "tokenizer.json", "config.json",
               "generation_config.json", "chat_template.jinja", "model.safetensors", "tokenizer.model",
               "llama-vocab.cpp", "llama-kv-cache.h", "ggml-backend.cpp", "gguf_reader.py", "merges.txt",
               "chat_template.json", "special_tokens_map.json", "added_tokens.json",
-              "DESIGN.md"}  # the team's design guide, beside the repository (../shared)
+              "DESIGN.md"}  # the team's design guide, kept beside the repository, not in it
 
 
 def _resolves(name: str, module: Path) -> bool:
