@@ -14,9 +14,10 @@ import pytest
 from edgekv.kv import plan as context
 from edgekv.backends import get_backend
 from edgekv.kv.cache import KVCache
+from edgekv.kv.memory import parse_size
 from edgekv.cli import main
 from edgekv.kv.plan import (GLOBAL, REASON_BUDGET, REASON_INPUT, REASON_REQUESTED, REASON_TRAINED, SLIDING,
-                            WINDOWED, parse_layer_windows, parse_size, plan_context)
+                            WINDOWED, parse_layer_windows, plan_context)
 from edgekv.errors import EdgeKVError
 from edgekv.gguf.reader import GGUFFile
 from edgekv.models import read_hparams

@@ -22,6 +22,7 @@ import numpy as np
 from ..kv import plan as ctxplan
 from ..errors import EdgeKVError
 from ..kv.calibration import key_map_for
+from ..kv.memory import format_bytes, parse_size
 from ..session import Session, SessionState
 from ..state_file import load_session, state_file_n_ctx
 
@@ -52,7 +53,7 @@ class ContextManager:
                 budget, self.mem_budget = self.mem_budget, None
                 self._cap = self._plan(0, -1).n_ctx  # an error not about the budget is raised here
                 log.warning("the default memory budget (%s) cannot hold the smallest context; planning without it",
-                            ctxplan.format_bytes(budget or 0))
+                            format_bytes(budget or 0))
             self.plan = self._plan(0, 0)
         else:
             requested = _plan_n_ctx(n_ctx) or model.hp.n_ctx_train
@@ -83,7 +84,7 @@ class ContextManager:
             host = ctxplan.default_mem_budget(ctxplan.weight_bytes(self.model.gguf))
             return ctxplan.within_device(host, self.model.backend.kv_memory_limit())  # a discrete GPU holds the rings
         if isinstance(mem_budget, str):
-            return ctxplan.parse_size(mem_budget)
+            return parse_size(mem_budget)
         if isinstance(mem_budget, bool) or not isinstance(mem_budget, (int, np.integer)) or mem_budget < 0:
             raise EdgeKVError(f"mem_budget must be a number of bytes, a size like '2G', or None; got {mem_budget!r}")
         return int(mem_budget)
@@ -109,7 +110,7 @@ class ContextManager:
         grow = f", grows up to {self._cap} as needed" if self.auto and self._cap > p.n_ctx else ""
         return (f"n_ctx={self.session.n_ctx} because {p.reason} ({p.detail}){grow}; K/V bytes per token "
                 f"{bk:,}/{bv:,} ({c.type_k}/{c.type_v}, {len(c.k)} layers); KV cache "
-                f"{ctxplan.format_bytes(c.nbytes)}; overflow policy {self.session.context_shift}")
+                f"{format_bytes(c.nbytes)}; overflow policy {self.session.context_shift}")
 
     def _log_plan(self) -> None:
         log.info("%s", self.plan_line())

@@ -67,10 +67,10 @@ def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None
     """The KV budget an auto context gets, as loading computes it (api/context_growth.py),
     and where it came from in words."""
     from ..kv import plan as kvplan
-    from ..kv.memory import free_memory
+    from ..kv.memory import format_bytes, free_memory, parse_size
 
     if args.mem_budget is not None:
-        budget = kvplan.parse_size(args.mem_budget)
+        budget = parse_size(args.mem_budget)
         if budget < 1:
             raise EdgeKVError(f"--mem-budget {args.mem_budget!r} is zero; give a positive size such as 512M")
         return budget, "--mem-budget"
@@ -82,7 +82,7 @@ def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None
     chosen = kvplan.within_device(budget, device)
     if device is None:
         return chosen, source
-    gpu = f"half the GPU's free memory once the weights are on it ({kvplan.format_bytes(device)})"
+    gpu = f"half the GPU's free memory once the weights are on it ({format_bytes(device)})"
     if budget is None:
         return chosen, gpu
     return chosen, (gpu + f", less than {source}" if device < budget else source + f", less than {gpu}")

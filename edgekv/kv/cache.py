@@ -21,7 +21,7 @@ Two kinds of layer ring:
   shifted with the full layers, so the two stay consistent (llama.cpp loses them here:
   its issue 12357, "Gemma 3 gibberish after context shift").
 What does not live here: attention and the row codecs (the backend's `attend`,
-`store_kv`, `load_kv`; the cache hands it a `layer_view`), when to discard (session.py),
+`store_kv`, `load_kv`; the cache hands it a `layer_view`), what to evict and when (kv/overflow.py, session.py),
 how RoPE rotates a key (the model's `shift_keys`).
 """
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .layer_types import layer_kinds, spec_name
 from ..errors import EdgeKVError
-from .memory import format_bytes, free_memory, parse_size  # noqa: F401  (parse_size: for callers of the plan)
+from .memory import format_bytes, free_memory
 
 log = logging.getLogger("edgekv")
 
