@@ -18,6 +18,11 @@ test: $(STAMP) lint
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
 	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(CUDA_CPU) -m cuda_cpu $(PYTEST_ARGS)
+
+# native/*.cu run on this CPU as C++ under AddressSanitizer and UBSan (tests/cuda_cpu.py:
+# pytest with ASan's runtime preloaded, the tests marked cuda_cpu; ~12 min of make test)
+CUDA_CPU    := $(PY) tests/cuda_cpu.py -q -rs
 
 # pyflakes and syntax errors over the whole tree (the rules: pyproject.toml [tool.ruff])
 lint: $(STAMP)
@@ -32,6 +37,7 @@ FAST        := not slow and not long and not gpu
 test-fast: $(STAMP) lint
 	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs -m "$(FAST)" $(PYTEST_ARGS)
+	$(CUDA_CPU) -m "cuda_cpu and $(FAST)" $(PYTEST_ARGS)
 
 # the aarch64 code under QEMU user-mode emulation (tools/test_aarch64.sh; needs root)
 test-aarch64: $(STAMP)

@@ -32,6 +32,32 @@ def pytest_configure(config):
                                        "interrupts, the heaviest sweeps); make test runs it, make test-fast does not")
 
 
+def pytest_report_header(config):
+    if "cuda_cpu" in (config.option.markexpr or "") and "not cuda_cpu" not in config.option.markexpr:
+        from cuda_cpu import asan_loaded
+
+        return ("native/*.cu on the CPU: UBSan and ASan (tests/cuda_cpu.py)" if asan_loaded() else
+                "native/*.cu on the CPU: UBSan only; ASan needs its runtime preloaded: python tests/cuda_cpu.py ...")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The whole cuda_cpu run (`-m cuda_cpu`, nothing else selecting) must have launched every
+    kernel native/ defines: a kernel no test runs is a kernel the CPU has not checked."""
+    import sys
+
+    option = session.config.option
+    if exitstatus != 0 or (option.markexpr or "").strip() != "cuda_cpu" or option.keyword or "cuda_cpu" not in sys.modules:
+        return
+    if any(not a.startswith("-") and Path(a).exists() for a in session.config.invocation_params.args):
+        return  # some files only
+    from cuda_cpu import never_launched
+
+    missing = never_launched()
+    if missing:
+        print(f"\nnative/ kernels no cuda_cpu test launched: {', '.join(missing)}")
+        session.exitstatus = 1
+
+
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference"  # llama.cpp's results (its README)
 
 
@@ -88,6 +114,17 @@ def tiny_model(tmp_path_factory):
         return made[key]
 
     return factory
+
+
+@pytest.fixture(params=["twins", pytest.param("real", marks=[pytest.mark.cuda_cpu, pytest.mark.long])])
+def emulated_kernels(request, monkeypatch):
+    """What the emulated driver's launches run (helpers/emulated_cuda.py), a test for each: the
+    kernels' NumPy twins, and (markers cuda_cpu and long: minutes under ASan, so make test's,
+    not make test-fast's) native/'s own code on the CPU under the sanitizers (tests/cuda_cpu.py)."""
+    from helpers import emulated_cuda
+
+    monkeypatch.setitem(emulated_cuda.KERNELS, "real", request.param == "real")
+    return request.param
 
 
 # tests/aarch64 runs on Arm CPUs only: tools/test_aarch64.sh runs it in an emulated arm64

@@ -27,13 +27,17 @@ PAGE = 4096
 
 
 class EmulatedDriver:
-    def __init__(self, integrated: bool = True):
-        self.info = DeviceInfo(0, "Emulated GPU", (8, 7), 8 << 30, integrated, True, 8)
+    def __init__(self, integrated: bool = True, host_register: bool = True, read_only_register: bool = True):
+        """host_register, read_only_register: the device attributes (HOST_REGISTER_SUPPORTED,
+        READ_ONLY_HOST_REGISTER_SUPPORTED); a registration they do not allow is refused."""
+        self.info = DeviceInfo(0, "Emulated GPU", (8, 7), 8 << 30, integrated, True, 8, host_register,
+                               read_only_register)
         self.version = 12060
         self._memory: dict[int, np.ndarray] = {}  # allocated: address -> bytes
         self.capacity = self.info.total_memory  # what cuMemAlloc may hand out in all
         self.registered: list[tuple[int, int]] = []  # host ranges [start, end)
         self.launches: list[str] = []  # kernel names, in order
+        self.last_args: dict[str, list] = {}  # kernel name -> the arguments of its latest launch
         self.copies_to_host = 0
         self.capture: list | None = None  # launches recorded since begin_capture
         self.graph_launches = 0
@@ -70,8 +74,11 @@ class EmulatedDriver:
     def launch_graph(self, graph, stream) -> None:
         self.not_capturing("cuGraphLaunch")
         self.graph_launches += 1
-        for fn, grid, block, signature, args in graph:
-            self.launch(fn, grid, block, signature, args)
+        for node in graph:
+            if node[0] == "copy":
+                ctypes.memmove(*node[1:])
+            else:
+                self.launch(*node[1:])
 
     def destroy_graph(self, graph) -> None:
         graph.clear()
@@ -116,8 +123,29 @@ class EmulatedDriver:
         ctypes.memmove(dst.ctypes.data, src, nbytes)
         self.copies_to_host += 1
 
+    def copy_in(self, dst: int, src: int, nbytes: int, stream=None) -> None:
+        self.check_pointer(dst, nbytes)
+        self._copy(dst, src, nbytes, src, "cuMemcpyHtoDAsync from pageable memory")
+
+    def copy_out(self, dst: int, src: int, nbytes: int, stream=None) -> None:
+        self.check_pointer(src, nbytes)
+        self._copy(dst, src, nbytes, dst, "cuMemcpyDtoHAsync to pageable memory")
+        self.copies_to_host += 1
+
+    def _copy(self, dst: int, src: int, nbytes: int, host: int, refused: str) -> None:
+        """A copy between device memory and host memory; a graph holds it where the host side
+        is registered (pinned), as CUDA's stream capture does."""
+        pinned = any(a <= host and host + nbytes <= b for a, b in self.registered)
+        if self.capture is not None and pinned:
+            self.capture.append(("copy", dst, src, nbytes))
+            return
+        self.not_capturing(refused)
+        ctypes.memmove(dst, src, nbytes)
+
     def register_host(self, address: int, nbytes: int, read_only: bool = True) -> int:
         self.not_capturing("cuMemHostRegister")
+        if not self.info.host_register or (read_only and not self.info.read_only_register):
+            raise CudaError(f"cuMemHostRegister({nbytes} bytes) failed: CUDA_ERROR_NOT_SUPPORTED", 801)
         start, end = address - address % PAGE, -(-(address + nbytes) // PAGE) * PAGE
         if any(a < end and start < b for a, b in self.registered):
             raise RuntimeError("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: a page of this range is registered")
@@ -145,9 +173,14 @@ class EmulatedDriver:
             if kind == "p" and value != 0:  # a null pointer argument is fine until it is read
                 self.check_pointer(value)
         if self.capture is not None:
-            self.capture.append((fn, grid, block, signature, list(args)))
+            self.capture.append(("launch", fn, grid, block, signature, list(args)))
             return
         self.launches.append(fn)
+        self.last_args[fn] = list(args)
+        self.run_kernel(fn, grid, block, signature, args)
+
+    def run_kernel(self, fn: str, grid, block, signature: str, args) -> None:
+        """The kernel's NumPy twin (tests/cuda_cpu.py's driver runs the real code instead)."""
         name = fn[3:]
         kernel = KERNELS.get(name) or (matvec if name.startswith(("matvec_", "matmul_")) else None)
         kernel(Launch(fn, tuple(grid), tuple(block)), *args)
@@ -156,8 +189,8 @@ class EmulatedDriver:
 class EmulatedDevice(Device):
     """runtime.Device on the emulated driver; kernels are looked up, not compiled."""
 
-    def __init__(self, integrated: bool = True):
-        super().__init__(driver=EmulatedDriver(integrated), nvrtc=object())
+    def __init__(self, integrated: bool = True, **attributes):
+        super().__init__(driver=EmulatedDriver(integrated, **attributes), nvrtc=object())
 
     def load_kernels(self) -> None:  # nothing to compile: the kernels are NumPy twins
         pass

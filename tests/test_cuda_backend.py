@@ -4,9 +4,10 @@ every launch's arguments, grid and pointers checked as a GPU would), against the
 NumPy reference (tests/numpy_reference.py) and the CPU backend: both architectures and
 their relatives, every weight type, every cache type, rings that wrap under shift and
 stream, the keep policy's tallies and evictions, the calibrated K type, CUDA-graph decode,
-one copy out per decode step. Where memory lives is tests/test_cuda_memory.py's; the
-kernels' own code is tests/test_cuda_host.py's (built for the CPU) and
-tests/test_cuda_device.py's (on a GPU).
+one copy out per decode step. Each test runs twice: on the kernels'
+NumPy twins, and on native/'s own code built for the CPU and run under the sanitizers
+(conftest.py's emulated_kernels: tests/cuda_cpu.py; markers cuda_cpu and long). Where memory lives is
+tests/test_cuda_memory.py's; each kernel alone is tests/test_cuda_device.py's.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ import gc
 import numpy as np
 import pytest
 
-from cuda_emulator import EmulatedDevice
 from edgekv.backends import cuda_launch as shape
 from edgekv.backends.cuda import CUDABackend, DeviceScratch
 from edgekv.cuda.arrays import DeviceArray
 from edgekv.errors import EdgeKVError
 from edgekv.loader import load
 from helpers.decode_steps import decode, solo_logits
-from helpers.emulated_cuda import WIDE, cuda_model, relative_error, rng
+from helpers.emulated_cuda import WIDE, cuda_model, emulated_device, relative_error, rng
 from numpy_reference import ReferenceModel, ReferenceSession
+
+
+pytestmark = pytest.mark.usefixtures("emulated_kernels")  # each test on the twins, and on the real kernels
+
 
 BLOCK_NOISE = {"q8_0": 1e-2, "q4_0": 8e-2, "q4_1": 6e-2, "q5_0": 5e-2, "q5_1": 5e-2, "iq4_nl": 8e-2}  # gemma3, below
 
@@ -141,7 +145,7 @@ def test_greedy_text_is_the_cpu_backends(tiny_model):
 
     path = str(tiny_model("gemma3", "Q8_0", **WIDE))
     want = Llama(path, n_ctx=64, backend="cpu", verbose=False)("hello", max_tokens=16, temperature=0)
-    got = Llama(path, n_ctx=64, backend=CUDABackend(EmulatedDevice()), verbose=False)("hello", max_tokens=16,
+    got = Llama(path, n_ctx=64, backend=CUDABackend(emulated_device()), verbose=False)("hello", max_tokens=16,
                                                                                        temperature=0)
     assert got["choices"][0]["text"] == want["choices"][0]["text"]
 
@@ -268,7 +272,7 @@ def test_device_scratch_has_the_cpu_scratchs_buffers(tiny_model):
     from edgekv.backends.contract import Scratch
 
     hp = load(tiny_model("gemma3")).hp
-    cpu, dev = Scratch(hp, 4, 1), DeviceScratch(hp, 4, EmulatedDevice())
+    cpu, dev = Scratch(hp, 4, 1), DeviceScratch(hp, 4, emulated_device())
     for name in ("x", "h", "o", "q", "k", "v", "att", "gate", "up"):
         assert getattr(dev, name).shape == getattr(cpu, name).shape
     assert dev.cos["local"].shape == cpu.cos["local"].shape
@@ -356,7 +360,7 @@ def test_warmup_on_a_gpu_builds_the_cuda_backend_and_the_cpu_kernels_its_host_wo
 
     made = []
     monkeypatch.setattr(backends, "_why_not_cuda", lambda: None)  # a machine whose GPU the probe accepts
-    monkeypatch.setattr(backends, "_make", lambda name: made.append(name) or CUDABackend(EmulatedDevice()))
+    monkeypatch.setattr(backends, "_make", lambda name: made.append(name) or CUDABackend(emulated_device()))
     monkeypatch.setattr(backends, "_made", {})  # made afresh here, and forgotten after
     monkeypatch.setenv("EDGEKV_KERNEL_CACHE", str(tmp_path))
     jit_cache.mark_warm("cpu")
@@ -388,7 +392,7 @@ def test_n_gpu_layers_below_the_layer_count_offloads_the_whole_model_saying_so(t
     from edgekv import Llama, backends
 
     monkeypatch.setattr(backends, "_auto", lambda: "cuda")  # a machine whose GPU auto takes
-    monkeypatch.setattr(backends, "_make", lambda name: CUDABackend(EmulatedDevice()))
+    monkeypatch.setattr(backends, "_make", lambda name: CUDABackend(emulated_device()))
     monkeypatch.setattr(backends, "_made", {})
     path = str(tiny_model("llama", n_layers=4))
     llm = Llama(path, n_ctx=32, n_gpu_layers=2, verbose=False)

@@ -22,17 +22,23 @@ from helpers.native_reference import (CACHE_TYPES, FLOAT_CACHE_TYPES, QUANTIZED,
 ROWS_PER_BLOCK = 4  # matvec.cu's EK_ROWS_PER_BLOCK
 
 
-@pytest.fixture(scope="module", params=[pytest.param("gpu", marks=pytest.mark.gpu), "emulated"])
+@pytest.fixture(scope="module", params=[pytest.param("gpu", marks=pytest.mark.gpu), "emulated",
+                                        pytest.param("cpu", marks=pytest.mark.cuda_cpu)])
 def dev(request):
-    """The GPU (marker gpu), or the emulated driver (tests/cuda_emulator.py), which runs each
+    """The GPU (marker gpu); the emulated driver (tests/cuda_emulator.py), which runs each
     kernel's NumPy twin: in `make test` it checks these tests' own launches, buffers and
-    byte layouts, so the scarce GPU run fails only on what the kernels do."""
+    byte layouts, so the scarce GPU run fails only on what the kernels do; and the real
+    kernels on this CPU (marker cuda_cpu: tests/cuda_cpu.py, under the sanitizers)."""
     from edgekv.cuda.runtime import Device
 
     if request.param == "emulated":
         from cuda_emulator import EmulatedDevice
 
         d = EmulatedDevice(integrated=False)
+    elif request.param == "cpu":
+        from cuda_cpu import CpuCudaDevice
+
+        d = CpuCudaDevice(integrated=False)
     else:
         d = Device()
         print(f"\n{d.info.name}, sm_{d.info.arch}, NVRTC {d.nvrtc.version}")
@@ -175,6 +181,11 @@ def test_norms_rope_and_activations(dev):
     dev.launch("ek_softmax_rows", (4,), (128,), buf, 300)
     e = np.exp(rows - rows.max(axis=1, keepdims=True))
     assert np.allclose(dev.download(buf, np.zeros_like(rows)), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+    buf = _f32(dev, g * 40)  # gemma's final softcap: cap * tanh(x / cap)
+    dev.launch("ek_softcap", (4,), (256,), buf, 30.0, 1000)
+    assert np.allclose(dev.download(buf, np.zeros_like(g)), 30 * np.tanh(g.astype(np.float64) * 40 / 30), rtol=1e-5,
+                       atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(CACHE_TYPES))
