@@ -192,7 +192,8 @@ def test_a_device_is_described_and_auto_takes_it(fake_libcuda, monkeypatch, capf
     # the fake cannot make a context: auto says so in one line and runs on the CPU; asked by name, an error
     assert main(["info"]) == 0
     out, err = capfd.readouterr()
-    assert "Fake Orin, sm_87, 8.0 GiB, 8 SMs, integrated (unified memory)" in out and "cuda driver" in out
+    assert "Fake Orin, sm_87, 8.0 GiB, 8 SMs, integrated (unified memory), host memory mapped" in out
+    assert "cuda driver" in out
     assert re.search(r"^backend +cpu$", out, re.MULTILINE) and re.search(r"^backends here +cpu, cpu-portable$",
                                                                          out, re.MULTILINE)
     err = err.strip().splitlines()
@@ -221,6 +222,22 @@ def test_auto_runs_on_the_cpu_saying_why_a_gpu_it_found_cannot_be_used(fake_libc
     assert resolve_backend_name("auto") == "cpu" and capfd.readouterr().err == ""  # said once per process
     with pytest.raises(EdgeKVError, match="backend 'cuda' cannot run here: NVRTC"):  # asked by name: an error
         resolve_backend_name("cuda")
+
+
+@pytest.mark.parametrize("register, host, read_only, said", [
+    ("11", True, True, "host memory mapped"),
+    ("10", True, False, "host memory mapped, weights copied (no read-only registration)"),
+    ("00", False, False, "host memory not mappable (inputs copied, no CUDA graphs)"),
+    ("old", False, False, "host memory not mappable")])  # a driver without the attributes: asked, not assumed
+def test_host_registration_is_asked_of_the_driver_and_info_says_what_follows(fake_libcuda, monkeypatch, capfd,
+                                                                          register, host, read_only, said):
+    monkeypatch.setenv("EDGEKV_LIBCUDA", fake_libcuda)
+    monkeypatch.delenv("FAKE_CUDA_INIT", raising=False)
+    monkeypatch.setenv("FAKE_CUDA_REGISTER", register)
+    (dev,) = open_driver().devices()
+    assert (dev.host_register, dev.read_only_register, dev.maps_host_memory) == (host, read_only, host)
+    assert main(["info"]) == 0
+    assert said in capfd.readouterr().out
 
 
 def test_a_gpu_older_than_the_kernels_need_is_named_and_auto_says_so(fake_libcuda, monkeypatch, capfd):

@@ -10,10 +10,13 @@ the ring (cuda_attention.py), a step's inputs (cuda_inputs.py), CUDA graphs (cud
 Where things live. Weights: `Device.weights` (mapped where they lie on an integrated GPU,
 Jetson's, so RAM holds one copy; uploaded once to a discrete GPU). Activations: device
 memory. The K/V rings and slot positions: page-aligned host arrays the cache allocates
-through `ring_array`, registered and mapped, so the cache's host bookkeeping (reservations,
-shifts, state files, snapshots) reads and writes the same bytes the kernels do. A step's
-inputs (token ids, positions, slots, RoPE tables) are written by the host into mapped
-memory the kernels read (cuda_inputs.py); the logits come out in one copy, which also ends
+through `ring_array`, registered and mapped on Jetson, so the cache's host bookkeeping
+(reservations, shifts, state files, snapshots) reads and writes the same bytes the kernels
+do; a discrete GPU keeps device copies (cuda_attention.py). A step's inputs (token ids,
+positions, slots, RoPE tables) are written by the host into mapped memory the kernels read
+(cuda_inputs.py). A device that cannot register host memory (HOST_REGISTER_SUPPORTED, asked
+when the backend is made) gets them by copies instead, and runs decode without graphs; one
+without read-only registration gets its weights copied. The logits come out in one copy, which also ends
 the step: every forward pass ends with `project` into the host's logits (0 rows: a
 synchronize), so the host never touches a ring or an input the GPU is still reading.
 Decode steps are captured as CUDA graphs and replayed (cuda_graphs.py).
@@ -23,6 +26,7 @@ Operations on host arrays (a cache shift's keys, state files' rows) run on the C
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -109,6 +113,11 @@ class CUDABackend(Backend):
         self.recording: Recording | None = None  # while a decode step is being captured
         self.rings = RingAttention(self)
         self.graphs = DecodeGraphs(self)
+        info = self.device.info
+        if not info.maps_host_memory:  # everything still runs: inputs and the cache's arrays are copied
+            reason = "cannot map host memory" if info.host_register else "cannot register host memory"
+            print(f"edgekv: {info.name} {reason}: each step's inputs are copied to it and decode runs without "
+                  "CUDA graphs", file=sys.stderr)
 
     # -- a step ---------------------------------------------------------------------------------
 
@@ -209,7 +218,7 @@ class CUDABackend(Backend):
         """A discrete GPU: half its free memory once the weights are on it (as the host budget
         takes half the host's), since each K/V ring has a device copy; Jetson's rings are the
         host's memory."""
-        if self.device.info.integrated:
+        if self.rings.mapped:
             return None
         return max(0, self.device.driver.memory_info()[0] - weights_to_come) // 2
 
@@ -315,6 +324,8 @@ class CUDABackend(Backend):
             self.host.rope_tables(pos, n_rot, theta, scaling, freq_factors, host_cos, host_sin)
 
         write(positions)
+        self.device.push(cos.ptr, host_cos)
+        self.device.push(sin.ptr, host_sin)
         if self.recording is not None:
             if self.source(positions, lambda st: st.res.positions) is None:
                 self.recording.broken = "RoPE tables of other positions"

@@ -5,24 +5,30 @@ cuda_launch.attention_splits).
 
 Where the rows lie: on an integrated GPU (Jetson) the K/V rings are the cache's own host
 arrays, registered and mapped: one copy, in the memory CPU and GPU share. On a discrete GPU
-each ring array has a copy in device memory (made on its first use, given back with the
-array), which the kernels read and write; the host array is brought up to date only when
-the host reads it (KVCache: snapshots, growth), and copied back in when the host wrote it
-(restores): reading the ring over PCIe at every step would cost the depth in bandwidth.
-Slot positions stay mapped host memory (the host writes them every step). A wrapped ring,
+(or one that cannot map host memory) each ring array has a copy in device memory (made on
+its first use, given back with the array), which the kernels read and write; the host array
+is brought up to date only when the host reads it (KVCache: snapshots, growth), and copied
+back in when the host wrote it (restores): reading the ring over PCIe at every step would
+cost the depth in bandwidth. The cache's smaller arrays the kernels use (slot positions,
+the `keep` tallies, sink rows) are mapped on Jetson too; elsewhere each also has a device
+copy, refreshed by one copy per step before the kernels that read it and, for those the
+kernels write (tallies, sink rows), copied back after them (`host_array`, `written`): a
+kernel reading them through the mapping would cross PCIe once per warp and slot. Those
+copies are queued on the stream from registered (pinned) host memory, so a captured step
+holds them and each replay makes them again. A wrapped ring,
 a shift's re-rotated keys or a restored state need nothing else: the slot positions decide
 what each query sees, as on the CPU. A quantized cache stores K and V
 Hadamard-rotated (kv/key_map.py): queries and keys are rotated on the way in and the
 output on the way out (ek_rotate), as CPUBackend.attend does.
 
-The `keep` policy's tallies (heavy_hitters.AttentionTallies, page-aligned host memory the
-GPU maps, as the slot positions): after a full-context layer's attention, each (query,
+The `keep` policy's tallies (heavy_hitters.AttentionTallies, page-aligned host memory, as
+the slot positions): after a full-context layer's attention, each (query,
 head)'s softmax {m, l} (ek_attention_stats), then each slot's weight summed over the queries
 and its KV head's query heads, added by the one warp that owns the slot (ek_attention_tally).
 
 A calibrated K type (iq4_cal): keys and queries through the layer's key map before the
 rotation (ek_key_map; the map's rows copied to the device once: CUDABackend.vector), and the stored K of the
-first positions also in f32 rows (cache.SINKS; mapped host memory, as the tallies), which
+first positions also in f32 rows (cache.SINKS; host memory, as the tallies), which
 attention reads instead of their quantized rows (ek_keep_sinks, the attention kernels' sink).
 """
 
@@ -47,13 +53,17 @@ CACHE_TYPES = {int(T.F32), int(T.F16), int(T.BF16), *QUANTIZED_BLOCK_BYTES}  # w
 class RingAttention:
     def __init__(self, backend):  # the CUDABackend (cuda.py) it serves
         self.backend = backend
+        info = backend.device.info
+        self.mapped = info.integrated and info.maps_host_memory  # the cache's arrays are the GPU's
         # id(host array) -> (a weak reference to it, its device address): a ring that goes is
         # unregistered (runtime.Device.host_pointer), not kept alive here
         self._pointers: dict[int, tuple[weakref.ref, int]] = {}
-        self._resident: dict[int, tuple[weakref.ref, Buffer]] = {}  # id(K/V ring) -> its device copy
+        # (id of the array a host array views, its address, bytes) -> (a weak reference to that
+        # array, the device copy): views made anew each step (one layer's tallies) share one
+        self._resident: dict[tuple[int, int, int], tuple[weakref.ref, Buffer]] = {}
 
     def pointer(self, a: np.ndarray) -> int:
-        """The device address of a ring array (registered on first sight; writable: the
+        """The device address of a mapped host array (registered on first sight; writable: the
         driver's read-only registration is for read-only mappings such as a GGUF file's)."""
         hit = self._pointers.get(id(a))
         if hit is None or hit[0]() is not a:
@@ -63,19 +73,51 @@ class RingAttention:
     def rows(self, a: np.ndarray) -> int:
         """The device address of a K/V ring's rows: its mapped host array on an integrated
         GPU, else its copy in device memory, uploaded on first use."""
-        device = self.backend.device
-        if device.info.integrated:
+        if self.mapped:
             return self.pointer(a)
-        hit = self._resident.get(id(a))
-        if hit is None or hit[0]() is not a:
-            hit = self._resident[id(a)] = (weakref.ref(a), device.upload(a, owner=a))
-            weakref.finalize(a, self._resident.pop, id(a), None)
+        return self._copy(a, upload=True)
+
+    def host_array(self, a: np.ndarray) -> int:
+        """The device address of a host array the kernels read (slot positions, tallies, sink
+        rows): mapped, or its device copy brought up to date by a copy queued now."""
+        if self.mapped:
+            return self.pointer(a)
+        ptr = self._copy(a, upload=False)
+        if ptr:
+            self.backend.device.copy_in(ptr, a)
+        return ptr
+
+    def written(self, a: np.ndarray) -> None:
+        """The kernels just queued wrote host array a (through host_array): its device copy
+        back into it, queued after them (a mapped array is already the host's)."""
+        if not self.mapped:
+            hit = self._resident.get(self._key(a))
+            if hit is not None:
+                self.backend.device.copy_out(a, hit[1].ptr)
+
+    @staticmethod
+    def _key(a: np.ndarray) -> tuple[int, int, int]:
+        return id(viewed_array(a)), a.ctypes.data, a.nbytes
+
+    def _copy(self, a: np.ndarray, upload: bool) -> int:
+        """a's copy in device memory (made on first use, with a's bytes if `upload`; given back
+        when the array it views goes)."""
+        key, root = self._key(a), viewed_array(a)
+        hit = self._resident.get(key)
+        if hit is None or hit[0]() is not root:
+            if self.backend.recording is not None:  # no allocation while a step is captured
+                self.backend.recording.broken = "a host array without its device copy yet"
+                return 0
+            device = self.backend.device
+            buf = device.upload(a, owner=root) if upload else device.alloc(a.nbytes, owner=root)
+            hit = self._resident[key] = (weakref.ref(root), buf)
+            weakref.finalize(root, self._resident.pop, key, None)
         return hit[1].ptr
 
     def _copies(self, arrays):
         for a in arrays:
-            hit = self._resident.get(id(a))
-            if hit is not None and hit[0]() is a:
+            hit = self._resident.get(self._key(a))
+            if hit is not None and hit[0]() is viewed_array(a):
                 yield a, hit[1]
 
     def to_host(self, arrays) -> None:
@@ -122,11 +164,12 @@ class RingAttention:
         k_ring, v_ring = self.write(layer, slots, k, v)
         sink, n_sinks = 0, 0
         if ck.sink_k is not None:  # the stored K of the first positions, kept in f32 and read from there
-            sink, n_sinks = self.pointer(ck.sink_k), ck.sink_k.shape[1]
+            sink, n_sinks = self.host_array(ck.sink_k), ck.sink_k.shape[1]
             be.launch("ek_keep_sinks", shape.elementwise(k.size), k, q_pos, sink, k.size, n_kv, hd_k, n_sinks)
+            self.written(ck.sink_k)
         n_slots = be.input(np.array([layer.n_slots], np.int32), self.slot_count(layer))
         cap = layer.slot_pos.shape[0]
-        ring = (q, q_pos, k_ring, v_ring, self.pointer(layer.slot_pos), n_slots, int(layer.window), float(scale),
+        ring = (q, q_pos, k_ring, v_ring, self.host_array(layer.slot_pos), n_slots, int(layer.window), float(scale),
                 int(ck.ggml_type), int(cv.ggml_type), n_heads, n_kv, hd_k, hd_v, cap, layer.k.shape[2],
                 layer.v.shape[2], sink, n_sinks)
         n_splits, chunk = shape.attention_splits(cap, n)
@@ -136,11 +179,12 @@ class RingAttention:
             parts = be.staging("attention_parts", n * n_heads * n_splits * (2 + hd_v) * 4)
             be.launch("ek_attention_split", shape.attention_split(n_heads, n, n_splits), *ring, chunk, parts)
             be.launch("ek_attention_merge", shape.attention(n_heads, n), parts, n_splits, n_heads, hd_v, out)
-        if layer.attn_mass is not None:  # `keep`: each slot's softmax weight, into the tallies in mapped memory
+        if layer.attn_mass is not None:  # `keep`: each slot's softmax weight, added to the layer's tallies
             stats = be.staging("attention_stats", n * n_heads * 2 * 4)
             be.launch("ek_attention_stats", shape.attention(n_heads, n), *ring, stats)
             be.launch("ek_attention_tally", shape.attention_tally(cap, n_kv), *ring, stats,
-                      self.pointer(layer.attn_mass), n)
+                      self.host_array(layer.attn_mass), n)
+            self.written(layer.attn_mass)
         self.rotate(out, cv.rotation)
 
     def write(self, layer: LayerView, slots: np.ndarray, k: DeviceArray, v: DeviceArray) -> tuple[int, int]:

@@ -11,7 +11,8 @@ logits out. Every value that changes from step to step is read by the kernels fr
 (ids, positions, slots, the slot count of each layer: ek_attention's `n_slots`), so the
 captured launches stay right as the ring fills, wraps or shifts.
 
-Not captured (run eagerly): chunks of several tokens, sessions decoding together
+Not captured (run eagerly): every step on a device that cannot map host memory (its inputs
+are copied from pageable memory, which a capture refuses), chunks of several tokens, sessions decoding together
 (kv/batch.py), a cache being observed (kv/calibration.py), and any step whose inputs the capture
 could not learn to rewrite (Recording.broken). A graph is dropped when what it points at
 goes: its cache, its scratch, or a staging buffer that grew. EDGEKV_CUDA_GRAPHS=0 turns
@@ -57,7 +58,8 @@ class DecodeGraphs:
         be = self.backend
         step = Step(tokens, cache, res, rows, logits)
         cache_key = cache.graph_key()  # None: a batched or observed step
-        if tokens.shape[0] != 1 or cache_key is None or self.failed is not None or not graphs_enabled():
+        if (tokens.shape[0] != 1 or cache_key is None or self.failed is not None or not graphs_enabled()
+                or not be.device.info.maps_host_memory):  # inputs copied from pageable memory: not capturable
             be.eager(model, step, scratch)
             return
         key = (id(model), cache_key[0], id(scratch), len(rows), cache_key[1])

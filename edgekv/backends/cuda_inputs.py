@@ -4,7 +4,8 @@ Token ids, positions, each layer's slots and slot count, the rows whose logits a
 small arrays the host makes per step. They go into page-aligned host memory registered
 with the device (`HostInputs`), which the kernels read through the mapping: no copy in, on
 Jetson's unified memory not even a transfer, and a captured step (cuda_graphs.py) keeps its
-kernels' addresses while the host rewrites what lies there. `Recording` is what a capture
+kernels' addresses while the host rewrites what lies there (a device that cannot map host
+memory gets each input by a copy: Device.push). `Recording` is what a capture
 keeps beside the graph: for each input, how to write it again from the next step (`Step`),
 and where the logits come out.
 """
@@ -84,6 +85,7 @@ class HostInputs:
         view = host[self.used : self.used + values.nbytes].view(values.dtype).reshape(values.shape)
         view[...] = values
         address = dptr + self.used
+        self.device.push(address, view)  # a device that cannot map host memory: copied there
         self.used += size
         return address, view
 

@@ -41,11 +41,20 @@ class CudaStatus:
         for d in self.devices:
             out[f"cuda device {d.ordinal}"] = (f"{d.name}, sm_{d.arch}, {d.total_memory / 2**30:.1f} GiB, "
                                                f"{d.multiprocessors} SMs, "
-                                               f"{'integrated (unified memory)' if d.integrated else 'discrete'}")
+                                               f"{'integrated (unified memory)' if d.integrated else 'discrete'}, "
+                                               f"{host_memory(d)}")
         out["nvrtc"] = self.nvrtc or "not found"
         if self.problem:
             out["cuda"] = f"unavailable: {self.problem}"
         return out
+
+
+def host_memory(d: DeviceInfo) -> str:
+    """How the device can use host memory, as `edgekv info` says it: what the CUDA backend
+    then maps, and what it copies instead (backends/cuda.py)."""
+    if not d.maps_host_memory:
+        return "host memory not mappable (inputs copied, no CUDA graphs)"
+    return "host memory mapped" + ("" if d.read_only_register else ", weights copied (no read-only registration)")
 
 
 def probe() -> CudaStatus:

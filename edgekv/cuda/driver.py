@@ -78,6 +78,9 @@ ATTR_INTEGRATED = 18
 ATTR_CAN_MAP_HOST_MEMORY = 19
 ATTR_CC_MAJOR = 75
 ATTR_CC_MINOR = 76
+ATTR_HOST_REGISTER_SUPPORTED = 99  # cuMemHostRegister works (pinned and mapped host memory)
+ATTR_READ_ONLY_HOST_REGISTER_SUPPORTED = 113  # ... with CU_MEMHOSTREGISTER_READ_ONLY (a read-only file mapping)
+ERROR_INVALID_VALUE = 1
 MEMHOSTREGISTER_DEVICEMAP = 0x02
 MEMHOSTREGISTER_READ_ONLY = 0x08
 STREAM_NON_BLOCKING = 0x1
@@ -116,6 +119,13 @@ class DeviceInfo:
     integrated: bool  # shares the host's memory (Jetson): weights are mapped, not copied
     can_map_host_memory: bool
     multiprocessors: int
+    host_register: bool = True  # cuMemHostRegister supported: host arrays can be pinned and mapped
+    read_only_register: bool = True  # ... read-only ones too (a GGUF file's pages: the weights, mapped)
+
+    @property
+    def maps_host_memory(self) -> bool:
+        """Whether kernels can read host arrays through a mapping (registered by edgekv)."""
+        return self.can_map_host_memory and self.host_register
 
     @property
     def arch(self) -> int:
@@ -218,15 +228,19 @@ class Driver:
         total = ffi.new("size_t *")
         self.check(lib.cuDeviceTotalMem_v2(total, dev[0]), "cuDeviceTotalMem")
 
-        def attribute(which: int) -> int:
+        def attribute(which: int, unknown: int | None = None) -> int:
             value = ffi.new("int *")
-            self.check(lib.cuDeviceGetAttribute(value, which, dev[0]), f"cuDeviceGetAttribute({which})")
+            result = lib.cuDeviceGetAttribute(value, which, dev[0])
+            if result == ERROR_INVALID_VALUE and unknown is not None:  # a driver older than the attribute
+                return unknown
+            self.check(result, f"cuDeviceGetAttribute({which})")
             return value[0]
 
         return DeviceInfo(ordinal, ffi.string(name).decode(errors="replace"),
                           (attribute(ATTR_CC_MAJOR), attribute(ATTR_CC_MINOR)), total[0],
                           bool(attribute(ATTR_INTEGRATED)), bool(attribute(ATTR_CAN_MAP_HOST_MEMORY)),
-                          attribute(ATTR_MULTIPROCESSOR_COUNT))
+                          attribute(ATTR_MULTIPROCESSOR_COUNT), bool(attribute(ATTR_HOST_REGISTER_SUPPORTED, 0)),
+                          bool(attribute(ATTR_READ_ONLY_HOST_REGISTER_SUPPORTED, 0)))
 
     def use_device(self, ordinal: int) -> Any:
         """Make the device's primary context current on this thread; returns it."""
@@ -272,6 +286,17 @@ class Driver:
 
     def to_host(self, dst: Any, src: int, nbytes: int, stream: Any = None) -> None:
         self.check(self.lib.cuMemcpyDtoHAsync_v2(self.ffi.from_buffer(dst), src, nbytes, stream or self.ffi.NULL),
+                   "cuMemcpyDtoH")
+
+    def copy_in(self, dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+        """Host address src -> device dst, queued on the stream: a graph can hold it where src
+        is registered (pinned) memory."""
+        self.check(self.lib.cuMemcpyHtoDAsync_v2(dst, self.ffi.cast("void *", src), nbytes, stream or self.ffi.NULL),
+                   "cuMemcpyHtoD")
+
+    def copy_out(self, dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+        """Device src -> host address dst, queued on the stream (as copy_in)."""
+        self.check(self.lib.cuMemcpyDtoHAsync_v2(self.ffi.cast("void *", dst), src, nbytes, stream or self.ffi.NULL),
                    "cuMemcpyDtoH")
 
     def memset(self, dst: int, value: int, nbytes: int, stream: Any = None) -> None:

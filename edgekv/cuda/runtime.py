@@ -165,15 +165,23 @@ class Device:
     def weights(self, array: np.ndarray, owner: object = None) -> Buffer:
         """Weights as the device should hold them: mapped where the GPU shares the host's
         memory (one copy in RAM, as `edgekv mem` counts it), uploaded to a discrete GPU (and
-        given back when `owner` goes)."""
-        if self.info.integrated and self.info.can_map_host_memory and array.flags.c_contiguous:
-            try:
-                return self.map(array)
-            except CudaError as exc:  # a driver that will not register this memory: one copy more
-                if not self._said_copying:
-                    log.warning("cannot map the weights where they lie (%s): copying them to the GPU", exc)
-                    self._said_copying = True
+        given back when `owner` goes). A GGUF file's pages are mapped read-only, so mapping
+        them needs read-only registration (READ_ONLY_HOST_REGISTER_SUPPORTED): where the
+        device lacks it, or the driver refuses, they are copied, and a line says why."""
+        if self.info.integrated and array.flags.c_contiguous:
+            if not (self.info.maps_host_memory and self.info.read_only_register):
+                self._copying("this GPU cannot register read-only host memory")
+            else:
+                try:
+                    return self.map(array)
+                except CudaError as exc:  # a driver that will not register this memory: one copy more
+                    self._copying(str(exc))
         return self.upload(array, owner)
+
+    def _copying(self, why: str) -> None:
+        if not self._said_copying:
+            log.warning("cannot map the weights where they lie (%s): copying them to the GPU", why)
+            self._said_copying = True
 
     def array(self, shape: tuple[int, ...], dtype=np.float32, owner: object = None) -> DeviceArray:
         """A new device array (zeroed), given back when `owner` goes (None: with the Device)."""
@@ -184,9 +192,38 @@ class Device:
 
     def mapped_array(self, shape: tuple[int, ...], dtype=np.float32) -> DeviceArray:
         """A new zeroed host array the device reads and writes through its mapping (for a
-        step's inputs the host rewrites between launches); `.host` is the host's view."""
+        step's inputs the host rewrites between launches); `.host` is the host's view. On a
+        device that cannot map host memory: device memory, `.host` a host copy that `push`
+        sends (a copy from pageable memory, so such a step cannot be captured)."""
         host = page_aligned(shape, dtype)
+        if not self.info.maps_host_memory:
+            return DeviceArray(self.alloc(host.nbytes).ptr, tuple(shape), host.dtype, host)
         return DeviceArray(self.host_pointer(host, read_only=False), tuple(shape), host.dtype, host)
+
+    def push(self, ptr: int, host: np.ndarray) -> None:
+        """What the host wrote into a mapped_array's `.host` (host: a view of it, at device
+        address ptr) made visible to the kernels: nothing to do through a mapping."""
+        if not self.info.maps_host_memory:
+            self.driver.to_device(ptr, host, host.nbytes, self.stream)
+
+    def copy_in(self, ptr: int, a: np.ndarray) -> None:
+        """Host array a -> device memory at ptr, queued on the stream. Registered (pinned)
+        first where the device can register host memory, so a captured step holds the copy
+        and each replay makes it again; else a copy from pageable memory (not capturable)."""
+        if self.info.host_register:
+            self.host_pointer(a, read_only=False)
+            self.driver.copy_in(ptr, a.ctypes.data, a.nbytes, self.stream)
+        else:
+            self.driver.to_device(ptr, a, a.nbytes, self.stream)
+
+    def copy_out(self, a: np.ndarray, ptr: int) -> None:
+        """Device memory at ptr -> host array a, queued on the stream (as copy_in); the host
+        reads it after the step's synchronize."""
+        if self.info.host_register:
+            self.host_pointer(a, read_only=False)
+            self.driver.copy_out(a.ctypes.data, ptr, a.nbytes, self.stream)
+        else:
+            self.driver.to_host(a, ptr, a.nbytes, self.stream)
 
     def free(self, buf: Buffer) -> None:
         """Give back memory alloc made (after the stream's work that may read it)."""

@@ -1,6 +1,7 @@
 /* A stand-in for libcuda.so.1 on machines without a GPU (tests/test_cuda.py): cuInit returns
    $FAKE_CUDA_INIT (default 0, success), and then one device, "Fake Orin", reports Jetson Orin's
-   attributes (compute capability $FAKE_CUDA_CC where set, e.g. 53 for a Jetson Nano). The
+   attributes (compute capability $FAKE_CUDA_CC where set, e.g. 53 for a Jetson Nano; host
+   registration as $FAKE_CUDA_REGISTER says). The
    calls edgekv's probe makes answer; every other call the driver API has for edgekv fails with CUDA_ERROR_NOT_SUPPORTED (a device that cannot run kernels), and built
    with -DFAKE_OLD_DRIVER they are missing (a driver older than edgekv needs). */
 #include <stdlib.h>
@@ -41,6 +42,15 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
         case 19: *value = 1; return 0;   /* can map host memory */
         case 75: *value = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) / 10 : 8; return 0;  /* 8.7 */
         case 76: *value = getenv("FAKE_CUDA_CC") ? atoi(getenv("FAKE_CUDA_CC")) % 10 : 7; return 0;
+        /* host registration, and of read-only memory: $FAKE_CUDA_REGISTER "11" (default), "10",
+           "00", or "old" (a driver that knows neither attribute: CUDA_ERROR_INVALID_VALUE) */
+        case 99:
+        case 113: {
+            const char *r = getenv("FAKE_CUDA_REGISTER") ? getenv("FAKE_CUDA_REGISTER") : "11";
+            if (strcmp(r, "old") == 0) return 1;
+            *value = r[attribute == 99 ? 0 : 1] == '1';
+            return 0;
+        }
         default: return 1;
     }
 }
