@@ -4,6 +4,7 @@ random weights in those types.
 
     python tools/model_twin.py header MODEL.gguf OUT.header   # MODEL's bytes up to its tensor data
     python tools/model_twin.py twin OUT.header TWIN.gguf      # that header, then random weights
+    python tools/model_twin.py make qwen2.5-1.5b Q4_K_M TWIN.gguf  # a model edge users run, from its shapes
 
 Why: the GPU machines lent to sessions reach no network and take 64 MiB of files per call,
 less than either real model (SmolLM2-135M Q4_1: 94 MiB; gemma3-270m Q4_K_M: 241 MiB), while
@@ -11,42 +12,24 @@ their headers are 1.7 and 6.2 MiB. A decode or prefill step does the same work o
 values of the same shapes and types, so a twin's tg/pp speed is its model's; its text is
 noise, so no parity check runs on it (tools/gpu_check.sh labels what it measures so).
 
-The weights: float matrices N(0, 0.02), float vectors (norms) 1; quantized blocks random
-codes with their f16 scales set so that values stay within about +-0.1 and centred (a
-block's scale fields are edgekv.gguf.quants' `scales` offsets). Finite everywhere
-(edgekv.gguf.quants.non_finite_tensors finds nothing), so a forward pass stays finite.
+`make` writes a twin of a model no file of which is here: its shapes, vocabulary size and
+the file type's tensor types (edgekv/testing/twins.py: Qwen2.5 0.5B/1.5B/7B, Llama 3.2 1B/3B,
+Llama 3.1 8B, Gemma 3 1B, Phi-3.5-mini), for benchmarks/sizes.py. The weights' values:
+edgekv/testing/twin_weights.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
-from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgekv.gguf.quants import quant_type  # noqa: E402
-
-SPREAD = 0.1  # the largest |value| a quantized twin weight takes, about
-# per type, the f16 scale fields (in quant_type().scales order) for codes of the given range:
-# d = SPREAD / (largest code x largest sub-scale); the second field (m, dmin) centres the values
-SCALES = {
-    T.Q8_0: lambda: (SPREAD / 128,),
-    T.Q4_0: lambda: (SPREAD / 8,),
-    T.Q5_0: lambda: (SPREAD / 16,),
-    T.Q4_1: lambda: (SPREAD / 8, -SPREAD),  # x = d q + m, q in 0..15
-    T.Q5_1: lambda: (SPREAD / 16, -SPREAD),  # q in 0..31
-    T.Q4_K: lambda: (SPREAD / (63 * 15), 7.5 * SPREAD / (63 * 15)),  # x = d sc q - dmin mn; sc, mn in 0..63
-    T.Q5_K: lambda: (SPREAD / (63 * 31), 15.5 * SPREAD / (63 * 31)),
-    T.Q6_K: lambda: (SPREAD / (127 * 32),),  # x = d sc (q - 32); sc an int8
-}
-FLOATS = {T.F32: np.float32, T.F16: np.float16}
-BIG = 1 << 36  # a sparse length past any header's tensor data, to read the directory from
+from edgekv.testing.twin_weights import fill_weights, random_weights  # noqa: E402,F401 (random_weights: the tests')
+from edgekv.testing.twins import FILE_TYPES, SHAPES, make_twin  # noqa: E402
 
 
 def write_header(src: Path, dst: Path) -> int:
@@ -57,39 +40,7 @@ def write_header(src: Path, dst: Path) -> int:
     return n
 
 
-def write_twin(header: Path, dst: Path, seed: int = 0) -> int:
-    """header's bytes, then random weights where its directory says; returns the file's size."""
-    shutil.copyfile(header, dst)
-    with open(dst, "r+b") as f:
-        f.truncate(BIG)  # the directory is read from the header alone (the holes cost nothing)
-    tensors = GGUFReader(dst).tensors
-    end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
-    with open(dst, "r+b") as f:
-        f.truncate(end)
-    data = np.memmap(dst, np.uint8, "r+")
-    rng = np.random.default_rng(seed)
-    for t in tensors:
-        at, n = int(t.data_offset), int(t.n_bytes)
-        data[at: at + n] = random_weights(T(int(t.tensor_type)), int(np.prod(t.shape)), len(t.shape), rng)
-    data.flush()
-    return end
-
-
-def random_weights(ggml_type: T, n_values: int, n_dims: int, rng: np.random.Generator) -> np.ndarray:
-    """n_values of a tensor in ggml_type, as bytes."""
-    if ggml_type in FLOATS or ggml_type == T.BF16:
-        x = np.ones(n_values, np.float32) if n_dims == 1 else (0.02 * rng.standard_normal(n_values)).astype(np.float32)
-        if ggml_type == T.BF16:
-            return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        return x.astype(FLOATS[ggml_type]).view(np.uint8)
-    if ggml_type not in SCALES:
-        raise SystemExit(f"model_twin: no random weights for {ggml_type.name} tensors (types: "
-                         f"{', '.join(t.name for t in (*FLOATS, T.BF16, *SCALES))})")
-    q = quant_type(ggml_type)
-    blocks = rng.integers(0, 256, (n_values // q.block_size, q.type_size), dtype=np.uint8)
-    for offset, value in zip(q.scales, SCALES[ggml_type]()):
-        blocks[:, offset: offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
-    return blocks.reshape(-1)
+write_twin = fill_weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("header", type=Path)
     w.add_argument("out", type=Path)
     w.add_argument("--seed", type=int, default=0)
+    m = sub.add_parser("make", help="write the twin of a model edge users run, from its shapes")
+    m.add_argument("name", choices=sorted(SHAPES))
+    m.add_argument("file_type", choices=FILE_TYPES)
+    m.add_argument("out", type=Path)
+    m.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.verb == "header":
+    if args.verb == "make":
+        make_twin(args.name, args.file_type, args.out, args.seed)
+        print(f"{args.out}: {args.out.stat().st_size / 2**30:.2f} GiB, a {args.file_type} twin of {args.name}")
+    elif args.verb == "header":
         n = write_header(args.model, args.out)
         print(f"{args.out}: {n / 2**20:.1f} MiB of header from {args.model}")
     else:
@@ -113,4 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as exc:  # a type without random weights, an unknown twin
+        sys.exit(f"model_twin: {exc}")

@@ -183,9 +183,9 @@ def tensor_specs(arch: str, hp: dict, n_vocab: int) -> list[tuple[str, tuple[int
     return specs
 
 
-def add_hparams(w: GGUFWriter, arch: str, hp: dict, n_vocab: int) -> None:
+def add_hparams(w: GGUFWriter, arch: str, hp: dict, n_vocab: int, name: str | None = None) -> None:
     family, arch = arch, GGUF_ARCH.get(arch, arch)
-    w.add_string("general.name", f"tiny-{family}")
+    w.add_string("general.name", name or f"tiny-{family}")
     w.add_uint32(f"{arch}.context_length", hp["n_ctx"])
     w.add_uint32(f"{arch}.embedding_length", hp["dim"])
     w.add_uint32(f"{arch}.block_count", hp["n_layers"])
