@@ -79,7 +79,7 @@ def planned_tests(name: str, args: argparse.Namespace, n_ctx_train: int) -> list
     trained context is run at the deepest that fits (once)."""
     from edgekv.lab.bench import BenchTest
 
-    wanted = [kind for kind in TARGETS.get(name, ("pp", "tg")) if kind in args.tests.split(",")]
+    wanted = [kind for kind in TARGETS.get(name, TEST_KINDS) if kind in args.tests.split(",")]
     tests = []
     if "pp" in wanted:
         tests.append(BenchTest(args.p, 0, n_threads=args.t))
