@@ -47,6 +47,7 @@ class Model:
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
+            self.gguf.pack_store = _pack_store(self.gguf, self.backend)
             try:
                 self.network = build_model(self.gguf, self.backend)
             except GpuCannotRun as exc:  # too large for a discrete GPU, or beyond its kernels: auto takes the CPU
@@ -56,6 +57,8 @@ class Model:
             self.tokenizer = Tokenizer.from_gguf(self.gguf.metadata)
             self.chat_formatter = ChatFormatter.from_gguf(self.gguf.metadata, self.tokenizer)
         self.name = str(self.gguf.get("general.name", os.path.basename(self.path)))
+        if self.gguf.pack_store is not None:
+            self.gguf.pack_store.save()  # the layout this load made, for the next one
         self.gguf.release_pages()  # the weights were copied into the kernels' layout
         numba_start.join()
         log.info("loaded %s (%s, %d layers) on backend %s in %.2f s", self.name, self.hp.arch, self.hp.n_layers,
@@ -99,6 +102,20 @@ class Model:
         session = Session(network, len(tokens), n_batch, "f32", "f32")
         session.cache.observer = observer
         session.eval(tokens)
+
+
+def _pack_store(g: GGUFFile, backend: Backend):
+    """Where the CPU backend finds the layout an earlier load of this file made (and keeps
+    this one's): backends/pack_store.py. None for other backends, or with EDGEKV_PACK_STORE=0."""
+    from .backends import pack_store
+
+    if backend.name == "cuda" or not pack_store.enabled(g.path):
+        return None
+    try:
+        return pack_store.PackStore(g.path, g.base_address)
+    except OSError as exc:  # an unreadable cache folder is no reason not to load
+        log.warning("no store of repacked weights (%s): repacking", exc)
+        return None
 
 
 def _start_numba_in_background() -> threading.Thread:

@@ -119,9 +119,10 @@ class Backend(ABC):
 
     @abstractmethod
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
-               release: Callable[[np.ndarray], None] | None = None) -> Any:
+               release: Callable[[np.ndarray], None] | None = None, store: Any = None) -> Any:
         """A [n_rows, n_cols] weight from its GGUF bytes raw: u8[n_rows * row_bytes] in
-        ggml_type (any of quants.QUANT_TYPES); release(raw) may drop file pages once copied."""
+        ggml_type (any of quants.QUANT_TYPES); release(raw) may drop file pages once copied;
+        store: where a CPU layout made by an earlier load may be found (backends/pack_store.py)."""
 
     @abstractmethod
     def embed(self, w: Any, ids: np.ndarray, out: np.ndarray) -> None:

@@ -44,10 +44,10 @@ class CPUBackend(Backend):
     # -- weights ----------------------------------------------------------------------------
 
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
-               release: Callable[[np.ndarray], None] | None = None) -> QuantMatrix:
+               release: Callable[[np.ndarray], None] | None = None, store=None) -> QuantMatrix:
         # whether this backend may use the int8 dot instructions; QuantMatrix applies it per
         # type (the 32-value kernels, or the K-quants' integer sums) as kernel_map's table says
-        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=self.use_int8dot, release=release)
+        return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=self.use_int8dot, release=release, store=store)
 
     def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
         w.rows(ids, out)

@@ -239,7 +239,7 @@ class CUDABackend(Backend):
     # -- weights ----------------------------------------------------------------------------
 
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
-               release: Callable[[np.ndarray], None] | None = None) -> DeviceMatrix:
+               release: Callable[[np.ndarray], None] | None = None, store=None) -> DeviceMatrix:
         if ggml_type not in MATVEC:
             raise EdgeKVError(f"the CUDA backend has no kernel for ggml type {ggml_type}; use --backend cpu")
         buf = self.device.weights(raw)

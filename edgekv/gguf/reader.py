@@ -159,7 +159,15 @@ def release_mapped(mapping: mmap.mmap, view: np.ndarray | None = None) -> None:
 
 
 class GGUFFile:
-    """A GGUF file opened read-only through a memory map."""
+    """A GGUF file opened read-only through a memory map. `pack_store`: where the loader keeps
+    the CPU layout of its weights between loads (backends/pack_store.py; None: nowhere)."""
+
+    pack_store = None
+
+    @property
+    def base_address(self) -> int:
+        """Where the file's mapping starts: a tensor's bytes lie at base_address + their offset."""
+        return np.frombuffer(self._map, np.uint8, count=1).ctypes.data
 
     def release_pages(self, view: np.ndarray | None = None) -> None:
         """Drop the file's pages under `view` (a tensor's data or a slice of it; None: the

@@ -92,7 +92,7 @@ class QuantMatrix:
     """
 
     def __init__(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int, lanes: int | None = None,
-                 use_int8dot: bool = True, release=None):
+                 use_int8dot: bool = True, release=None, store=None):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
         on_int8dot = HAS_INT8DOT and use_int8dot
         int8dot = on_int8dot and q.ggml_type in INT8DOT_TYPES
@@ -106,7 +106,9 @@ class QuantMatrix:
         self.quant = q
         self.ggml_type = q.ggml_type
         self.n_rows, self.n_cols = int(n_rows), int(n_cols)
-        self._p = repack(raw, q.ggml_type, self.n_rows, self.n_cols, q.type_size, lanes, release)
+        # store (backends/pack_store.PackStore): the layout an earlier load of this file kept on disk
+        pack = repack if store is None else store.packed
+        self._p = pack(raw, q.ggml_type, self.n_rows, self.n_cols, q.type_size, lanes, release)
         self.lanes = lanes
         self.nbytes = self._p.nbytes
         self._act_kind = {"q8_0": 1, "q8_1": 1, "q8_K": 2}.get(q.act, 0)
