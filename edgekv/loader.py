@@ -109,7 +109,7 @@ def _pack_store(g: GGUFFile, backend: Backend):
     this one's): backends/pack_store.py. None for other backends, or with EDGEKV_PACK_STORE=0."""
     from .backends import pack_store
 
-    if backend.name == "cuda" or not pack_store.enabled(g.path):
+    if not backend.name.startswith("cpu") or not pack_store.enabled(g.path):
         return None
     try:
         return pack_store.PackStore(g.path, g.base_address)

@@ -43,7 +43,7 @@ class ShapesOnly(CPUBackend):
         super().__init__("shapes-only", use_int8dot=False)
 
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
-               release: Callable[[np.ndarray], None] | None = None) -> WeightShape:
+               release: Callable[[np.ndarray], None] | None = None, store=None) -> WeightShape:
         return WeightShape(int(ggml_type), int(n_rows), int(n_cols))
 
     def share_input(self, ws) -> None:
