@@ -27,7 +27,7 @@ from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, rms_no
                            rope_apply_qk, rope_tables, silu_mul, softcap_inplace)
 from ..kernels.quantize import store_rows, store_rows_kv
 from ..kernels.row_stack import RowStack
-from . import kernel_map
+from . import kernel_map, pack_store
 from .base import Backend
 from .contract import LayerView
 
@@ -65,9 +65,13 @@ class CPUBackend(Backend):
 
     def share_input(self, ws: Sequence[QuantMatrix]) -> None:
         # weights on the int8 dot kernels become one RowStack: one kernel call for all of them
+        replaced = [a for w in ws for a in (w._p.qs, w._p.qh, w._p.d)]  # what a stack takes the place of
         stack = RowStack.of(list(ws))
         for w in ws:
             w.stack = stack
+        if stack is not None:  # mapped from a store of repacked weights: those pages are not needed now
+            for a in replaced:
+                pack_store.release(a)
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         stack = ws[0].stack

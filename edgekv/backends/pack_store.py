@@ -24,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 
+from ..gguf.reader import release_mapped
 from ..kernels.jit_cache import kernel_cache_dir
 from ..kernels.repack import Packed, repack
 
@@ -39,12 +41,23 @@ FIELDS = ("qs", "qh", "sc", "d", "w")
 _SOURCE = (Path(__file__).resolve().parents[1] / "kernels" / "repack.py").read_bytes()
 
 
-def enabled(path: str | None = None) -> bool:
-    """Whether loading `path` keeps and looks for a store: EDGEKV_PACK_STORE is not 0, and the
-    file is at least MIN_BYTES."""
+def enabled(path: str) -> bool:
+    """Whether loading `path` keeps and looks for a store (the loader makes one only then):
+    EDGEKV_PACK_STORE is not 0, and the file is at least MIN_BYTES."""
     if os.environ.get("EDGEKV_PACK_STORE", "1").strip().lower() in ("0", "off", "false", "no"):
         return False
-    return path is None or os.path.getsize(path) >= MIN_BYTES
+    return os.path.getsize(path) >= MIN_BYTES
+
+
+def release(a: np.ndarray) -> None:
+    """Drop the pages under `a` from resident memory where `a` views a store's mapping (a
+    weight the CPU backend has copied elsewhere: a RowStack); the file keeps them. Arrays in
+    ordinary memory are left alone."""
+    root = a
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    if isinstance(root, mmap.mmap) and a.nbytes:
+        release_mapped(root, a)
 
 
 def store_dir() -> Path:
@@ -109,10 +122,10 @@ class PackStore:
             size = pack.stat().st_size
         except (OSError, ValueError):
             return
-        entries.pop("_source", None) if isinstance(entries, dict) else None
         if not isinstance(entries, dict) or size != entries.pop("_bytes", -1):
             log.warning("ignoring a damaged store of repacked weights (%s): repacking", pack)
             return
+        entries.pop("_source", None)  # what _forget_others reads: not a weight
         self.index = entries
         # copy-on-write (writeable arrays: the kernels' compiled signatures) and a plain
         # ndarray (a memmap subclass would make Numba compile them again)
@@ -125,7 +138,7 @@ class PackStore:
         if entry is not None and self._map is not None:
             return self._views(self._map, 0, lanes, entry)
         p = repack(raw, ggml_type, n_rows, n_cols, type_size, lanes, release)
-        if self._map is None and not self._failed and enabled(self.path):  # a first load: stored as it goes
+        if self._map is None and not self._failed:  # a first load: stored as it goes
             written = self._append(key, p)
             if written is not None:
                 return written
@@ -177,7 +190,7 @@ class PackStore:
                 self._partial.replace(pack)
                 self._writer = None
                 self._write_index(index, self._written, self._at)
-            elif self._new and self._map is not None and enabled(self.path):
+            elif self._new and self._map is not None:
                 self._rewrite(pack, index)
         except OSError as exc:
             log.warning("could not keep the repacked weights for the next load (%s): the next load repacks", exc)

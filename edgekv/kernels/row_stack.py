@@ -10,30 +10,12 @@ What lives here: RowStack. What does not: the single weight and its kernels (mat
 from __future__ import annotations
 
 import dataclasses
-import mmap
 
 import numpy as np
 
 from .int8dot import gemm_chunks
 from .matvec import QuantMatrix, _check, quantize_chunk, thread_scratch
 from .matvec_drivers import matvec_int8dot, matvec_int8dot_rows
-
-
-def release_file_pages(a: np.ndarray) -> None:
-    """Drop the whole pages under `a` from resident memory where `a` views a file mapping (a
-    store of repacked weights, backends/pack_store.py) that is read, never written: the file
-    keeps them. Arrays in ordinary memory are left alone."""
-    root = a
-    while isinstance(root, np.ndarray) and root.base is not None:
-        root = root.base
-    if not isinstance(root, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or a.nbytes == 0:
-        return
-    base = np.frombuffer(root, np.uint8, count=1).ctypes.data
-    start, end = a.ctypes.data - base, a.ctypes.data - base + a.nbytes
-    start = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # pages wholly inside it
-    end -= end % mmap.PAGESIZE
-    if 0 <= start < end <= len(root):
-        root.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class RowStack:
@@ -61,9 +43,6 @@ class RowStack:
         self.ggml_type, self.n_cols = first.ggml_type, first.n_cols
         self.n_rows = sum(w.n_rows for w in ws)
         self.qs, self.qh, self.d = (np.concatenate([getattr(w._p, f) for w in ws]) for f in ("qs", "qh", "d"))
-        for w in ws:  # originals mapped from a store of repacked weights: their pages are not needed now
-            for f in ("qs", "qh", "d"):
-                release_file_pages(getattr(w._p, f))
         g0 = 0
         self._cols = []  # each member's part of a product (no padded rows: groups x lanes)
         for w in ws:  # each member's arrays: its groups of the block (the originals are freed)

@@ -21,14 +21,14 @@ tokenizer that reads it, and the embedding and output matrices have the real row
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGUFWriter
 from gguf import GGMLQuantizationType as T
 
+from ..gguf.reader import tensor_nbytes
 from .tiny_model import GGUF_ARCH, add_hparams, tensor_specs
 from .twin_weights import fill_weights
 from .tiny_vocab import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, add_tokenizer, vocab_for
@@ -105,9 +105,8 @@ def twin_header(name: str, file_type: str, path: Path) -> Path:
     add_hparams(w, arch, dict(hp, weight_type=file_type), hp["n_vocab"], name=f"{name} twin")
     add_tokenizer(w, grown_vocab(arch, hp["n_vocab"]))
     for tensor, shape, ggml_type in tensor_types(name, file_type):
-        block, size = GGML_QUANT_SIZES[ggml_type]
-        nbytes = math.prod(shape) // block * size
-        w.add_tensor_info(tensor, tuple(reversed(shape)), np.dtype(np.float32), nbytes, raw_dtype=ggml_type)
+        w.add_tensor_info(tensor, tuple(reversed(shape)), np.dtype(np.float32), tensor_nbytes(shape, ggml_type),
+                          raw_dtype=ggml_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
