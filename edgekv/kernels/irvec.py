@@ -92,9 +92,10 @@ def arrays(context, builder, sig, args, *which):
     return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]
 
 
-def prefetch(builder, ptr):
-    """A hint to fetch the cache line at ptr into every cache level (never faults, even past the end)."""
+def prefetch(builder, ptr, locality=3):
+    """A hint to fetch the cache line at ptr (never faults, even past the end): into every
+    cache level (locality 3), or not the nearest ones (2: L2 and out, 0: non-temporal)."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
                                         "llvm.prefetch.p0")
-    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
