@@ -21,8 +21,11 @@ from .catalog import resolve_model
 from .errors import GpuCannotRun
 from .gguf.reader import GGUFFile
 from .kernels.jit_cache import kernels_cached
+from .kv import fit
 from .kv.calibration import key_map_for
-from .models import build_model
+from .kv.memory import free_memory, resident_bytes
+from .kv.plan import weight_bytes
+from .models import build_model, read_hparams
 from .session import Session
 from .system_info import system_info_line
 from .text.chat_format import ChatFormatter
@@ -47,6 +50,7 @@ class Model:
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
+            _check_host_memory(self.gguf, self.backend)  # before any weight is read
             self.gguf.pack_store = _pack_store(self.gguf, self.backend)
             try:
                 self.network = build_model(self.gguf, self.backend)
@@ -150,6 +154,16 @@ def _gc_paused():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _check_host_memory(g: GGUFFile, backend: Backend) -> None:
+    """fit.ModelTooLargeError where the model's smallest process exceeds the host memory this
+    process may use (a discrete GPU holds the weights in its own memory: its backend checks)."""
+    device = backend.device_memory()
+    if device is not None and not device.integrated:
+        return
+    name = os.path.basename(g.path)
+    fit.check_fits(name, read_hparams(g), weight_bytes(g), free_memory(), resident_bytes())
 
 
 def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:

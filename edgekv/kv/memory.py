@@ -47,6 +47,15 @@ def free_memory(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Fre
         return None
 
 
+def resident_bytes(proc: str = "/proc") -> int:
+    """This process's resident memory now (VmRSS), 0 where it cannot be read."""
+    try:
+        with open(f"{proc}/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _mem_available(proc: str) -> FreeMemory | None:
     try:
         with open(f"{proc}/meminfo") as f:

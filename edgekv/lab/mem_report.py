@@ -1,8 +1,9 @@
 """`edgekv mem`'s report: what a context plan costs in KV cache, weights and compute buffers.
 
-What lives here: `memory_report` (every figure `edgekv mem` prints, as numbers), the
-compute-buffer estimate, bytes per token for each cache type, and the report as text.
-What does not: choosing the context (kv/plan.py), the command's options (cli/mem.py).
+What lives here: `memory_report` (every figure `edgekv mem` prints, as numbers), bytes per
+token for each cache type, and the report as text. What does not: choosing the context
+(kv/plan.py), the estimates of compute buffers, runtime and peak memory (kv/fit.py), the
+command's options (cli/mem.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from ..kv import fit
 from ..kv.memory import format_bytes
 from ..kv.plan import KVPlan, weight_bytes
 from ..kv.types import KV_CACHE_TYPES
@@ -18,23 +20,9 @@ from ..kv.types import KV_CACHE_TYPES
 if TYPE_CHECKING:
     from ..backends.base import DeviceMemory
 
-F32 = 4  # bytes of a float32
-
-
 def compute_bytes(hp, plan: KVPlan) -> dict[str, int]:
-    """Estimated working buffers of a forward pass (models/base.py Scratch and attention):
-    scratch rows for a chunk, one logits row, prefill attention scores over the context,
-    and the float32 copies of one layer's K and V that BLAS prefill attends over."""
-    nb = plan.n_batch
-    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
-    row = 3 * hp.dim + q_dim + kv_dim + hp.n_kv_heads * hp.head_dim_v + hp.n_heads * hp.head_dim_v + 2 * hp.ff
-    capacity = max(plan.capacities) if plan.capacities else plan.n_ctx
-    return {
-        "scratch": nb * row * F32,
-        "logits": hp.n_vocab * F32,
-        "attention scores": nb * hp.n_heads * capacity * F32,
-        "attention K/V f32": hp.n_kv_heads * capacity * (hp.head_dim + hp.head_dim_v) * F32,
-    }
+    """Estimated working buffers of a forward pass under `plan` (kv/fit.py compute_bytes)."""
+    return fit.compute_bytes(hp, plan.n_batch, max(plan.capacities) if plan.capacities else plan.n_ctx)
 
 
 def bytes_per_token_by_type(hp) -> dict[str, int]:
@@ -68,7 +56,8 @@ def memory_report(gguf_file, hp, plan: KVPlan, device: DeviceMemory | None = Non
         "weights_bytes": weights,
         "compute": compute,
         "compute_bytes": sum(compute.values()),
-        "total_bytes": weights + plan.kv_bytes + sum(compute.values()),
+        "runtime_bytes": fit.RUNTIME_BYTES,
+        "total_bytes": fit.process_bytes(weights, plan.kv_bytes, compute),
         "mem_budget": plan.mem_budget,
         "gpu": None if device is None else gpu_report(device, weights, plan.kv_bytes, compute),
     }
@@ -94,7 +83,7 @@ def _both(n: int) -> str:
 
 def format_memory_report(report: dict[str, Any]) -> str:
     """The report as text: the plan (n_ctx and why, bytes per token, KV total), then the
-    weights, the compute buffers and the sum."""
+    weights, the compute buffers, the runtime and the sum."""
     r = report
     lines = [
         f"model:           {r['model']} ({r['arch']}, {r['n_layers']} layers, {r['n_kv_heads']} KV heads, "
@@ -116,7 +105,8 @@ def format_memory_report(report: dict[str, Any]) -> str:
     lines.append(f"compute (est.):  {_both(r['compute_bytes'])} = "
                  + " + ".join(f"{name} {format_bytes(n)}" for name, n in r["compute"].items())
                  + f" (n_batch {r['n_batch']})")
-    lines.append(f"total:           {_both(r['total_bytes'])}")
+    lines.append(f"runtime (est.):  {_both(r['runtime_bytes'])} (Python, NumPy, Numba/LLVM, the compiled kernels)")
+    lines.append(f"total:           {_both(r['total_bytes'])} (the process's peak resident memory, predicted)")
     if r["mem_budget"] is not None:
         lines.append(f"KV budget:       {_both(r['mem_budget'])}")
     if r["gpu"] is not None:
