@@ -23,7 +23,7 @@ from .gguf.reader import GGUFFile
 from .kernels.jit_cache import kernels_cached
 from .kv import fit
 from .kv.calibration import key_map_for
-from .kv.memory import free_memory, resident_bytes
+from .kv import memory as kv_memory
 from .kv.plan import weight_bytes
 from .models import build_model, read_hparams
 from .session import Session
@@ -50,7 +50,8 @@ class Model:
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
-            _check_host_memory(self.gguf, self.backend)  # before any weight is read
+            # what this process may use, read before any weight is (the auto context's budget)
+            self.memory_room = _check_host_memory(self.gguf, self.backend)
             self.gguf.pack_store = _pack_store(self.gguf, self.backend)
             try:
                 self.network = build_model(self.gguf, self.backend)
@@ -156,14 +157,16 @@ def _gc_paused():
             gc.enable()
 
 
-def _check_host_memory(g: GGUFFile, backend: Backend) -> None:
-    """fit.ModelTooLargeError where the model's smallest process exceeds the host memory this
-    process may use (a discrete GPU holds the weights in its own memory: its backend checks)."""
+def _check_host_memory(g: GGUFFile, backend: Backend) -> int | None:
+    """The host memory this process may use (free now, plus what it holds of the runtime;
+    None: unknown), after checking that the model's smallest process fits it
+    (fit.ModelTooLargeError). A discrete GPU holds the weights in its own memory: its
+    backend checks those."""
+    free, held = kv_memory.free_memory(), kv_memory.resident_bytes()
     device = backend.device_memory()
-    if device is not None and not device.integrated:
-        return
-    name = os.path.basename(g.path)
-    fit.check_fits(name, read_hparams(g), weight_bytes(g), free_memory(), resident_bytes())
+    if device is None or device.integrated:
+        fit.check_fits(os.path.basename(g.path), read_hparams(g), weight_bytes(g), free, held)
+    return None if free is None else free.bytes + min(held, fit.RUNTIME_BYTES)
 
 
 def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:

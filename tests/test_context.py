@@ -139,8 +139,9 @@ def test_parse_size():
 
 def test_default_mem_budget(monkeypatch):
     monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)
-    assert context.default_mem_budget(1 << 30) == 3 << 30
-    assert context.default_mem_budget(5 << 30) == 0  # no room at all: plan_context then says so
+    runtime = 200 << 20  # kv/fit.py RUNTIME_BYTES
+    assert context.default_mem_budget(1 << 30) == ((7 << 30) - runtime) // 2
+    assert context.default_mem_budget(8 << 30) == 0  # no room at all: plan_context then says so
     monkeypatch.setattr(context, "available_memory", lambda: None)
     assert context.default_mem_budget(1 << 30) is None
 

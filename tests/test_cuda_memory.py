@@ -82,14 +82,14 @@ def test_a_host_side_key_shift_on_a_discrete_gpu_reads_and_writes_back_the_devic
 def test_the_auto_context_on_a_discrete_gpu_fits_half_its_free_memory(tiny_model, integrated, monkeypatch):
     from edgekv import Llama
     from edgekv.kv import plan as context
-    from edgekv.kv.plan import default_mem_budget, weight_bytes
+    from edgekv.kv.plan import budget_from, weight_bytes
 
     monkeypatch.setattr(context, "available_memory", lambda: 8 << 30)  # the host's, held still
     path = str(tiny_model("llama"))
     backend = CUDABackend(EmulatedDevice(integrated))
     backend.device.driver.capacity = 3 << 20  # a GPU with 3 MiB: less than the host allows
     llm = Llama(path, backend=backend, verbose=False)
-    host = default_mem_budget(weight_bytes(llm._model.gguf))
+    host = budget_from(llm._model.memory_room, weight_bytes(llm._model.gguf))  # read as loading began
     free_now = backend.device.driver.memory_info()[0]  # less the session made since the budget
     if integrated:
         assert llm._ctx.mem_budget == host  # the rings are the host's memory

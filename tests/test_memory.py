@@ -10,6 +10,7 @@ import pytest
 
 from edgekv.kv import plan as context
 from edgekv.kv import memory
+from edgekv.kv.fit import RUNTIME_BYTES
 from edgekv.cli import main
 from edgekv.gguf.reader import GGUFFile
 
@@ -92,8 +93,8 @@ def test_edgekv_mem_says_which_figure_the_budget_came_from(capsys, smollm2_path,
     assert main(["mem", "-m", str(smollm2_path), "-c", "auto"]) == 0
     out = capsys.readouterr().out
     weights = context.weight_bytes(GGUFFile(smollm2_path))
-    assert "budget from:     half of 4.00 GiB (cgroup v2 memory.max (test)) minus the weights" in out
+    assert "budget from:     half of 4.00 GiB (cgroup v2 memory.max (test)) less the weights and the runtime" in out
     budget = int(out.split("KV budget:")[1].split("bytes")[0].replace(",", ""))
-    assert budget == 2 * GiB - weights
+    assert budget == (4 * GiB - weights - RUNTIME_BYTES) // 2
     assert main(["mem", "-m", str(smollm2_path), "--mem-budget", "1G"]) == 0
     assert "budget from:     --mem-budget" in capsys.readouterr().out

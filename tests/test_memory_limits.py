@@ -37,11 +37,11 @@ def _predicted(path, *args) -> tuple[int, int]:
     return total, weights
 
 
-def _run(path, limit: int, n: int = 16):
+def _run(path, limit: int, n: int = 16, command: tuple = ("run", "-p", "Hello", "--ignore-eos", "-c", "auto")):
     group = MemoryCgroup(limit)
     try:
-        return group.run([sys.executable, "-m", "edgekv", "run", "-m", str(path), "-p", "Hello", "-n", str(n),
-                          "--ignore-eos", "-c", "auto"], timeout=300)
+        return group.run([sys.executable, "-m", "edgekv", command[0], "-m", str(path), "-n", str(n), *command[1:]],
+                         timeout=300)
     finally:
         group.close()
 
@@ -63,6 +63,9 @@ def test_a_model_that_cannot_fit_is_refused_before_its_weights_are_read(twin):
     assert "needs at least" in run.stderr and "nothing was loaded" in run.stderr and "at most" in run.stderr
     assert "cgroup" in run.stderr  # which figure ran short
     assert run.max_rss < weights, f"peak RSS {run.max_rss / MIB:.0f} MiB: the weights were read"
+    mem = _run(twin, weights + 100 * MIB, command=("mem",))  # edgekv mem says so too, with its plan
+    assert mem.returncode == 1 and "total:" in mem.stdout, mem.stderr[-2000:]
+    assert "fits:            no: loading refuses it:" in mem.stdout and "nothing was loaded" in mem.stdout
 
 
 class _HP:  # the shapes check_fits reads, of Llama-3.1-8B

@@ -51,9 +51,12 @@ class ContextManager:
                 if mem_budget is not None:
                     raise
                 budget, self.mem_budget = self.mem_budget, None
-                self._cap = self._plan(0, -1).n_ctx  # an error not about the budget is raised here
-                log.warning("the default memory budget (%s) cannot hold the smallest context; planning without it",
-                            format_bytes(budget or 0))
+                # the loader found room for the smallest context: keep to it (an error not
+                # about the budget is raised here)
+                self._cap = min(self._plan(0, -1).n_ctx, ctxplan.CTX_ALIGN)
+                log.warning("the default memory budget (%s) cannot hold more than the smallest context: the context "
+                            "stays at %d tokens (mem_budget / --mem-budget allows more)", format_bytes(budget or 0),
+                            self._cap)
             self.plan = self._plan(0, 0)
         else:
             requested = _plan_n_ctx(n_ctx) or model.hp.n_ctx_train
@@ -81,7 +84,9 @@ class ContextManager:
 
     def _budget(self, mem_budget: int | str | None) -> int | None:
         if mem_budget is None:
-            host = ctxplan.default_mem_budget(ctxplan.weight_bytes(self.model.gguf))
+            room = getattr(self.model, "memory_room", None)  # read before the weights were
+            weights = ctxplan.weight_bytes(self.model.gguf)
+            host = ctxplan.budget_from(room, weights) if room is not None else ctxplan.default_mem_budget(weights)
             return ctxplan.within_device(host, self.model.backend.kv_memory_limit())  # a discrete GPU holds the rings
         if isinstance(mem_budget, str):
             return parse_size(mem_budget)

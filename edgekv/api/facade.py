@@ -69,8 +69,9 @@ class Llama(CompletionsMixin, StateMixin):
         "keep" (n_keep (default 4) sinks + the most attended tokens + a recent window; H2O-like,
         kv/heavy_hitters.py).
         layer_windows: {layer: window} or "0-9:512,12:256": those layers keep only a window.
-        mem_budget: bytes (or "2G") the KV cache may take; None: half the available memory
-        minus the weights (kv/plan.py default_mem_budget).
+        mem_budget: bytes (or "2G") the KV cache may take; None: half of what the memory
+        available before loading leaves beside the weights and the runtime (kv/plan.py
+        budget_from; at least the smallest context, which loading checks fits).
         backend: where the arithmetic runs: "auto", "cpu", "cpu-portable", "cuda" (edgekv.backends);
         None: EDGEKV_BACKEND, default auto (CUDA where a GPU is usable, else the CPU).
         n_gpu_layers (llama-cpp-python's), with backend auto: 0 keeps the model on the CPU;

@@ -135,7 +135,7 @@ def add_kv_options(p: argparse.ArgumentParser, shift_default: str | None = "none
     if budget:
         p.add_argument("--mem-budget", metavar="SIZE", type=mem_size, default=None,
                        help="memory the KV cache may take with -c auto, e.g. 512M, 2G "
-                            "(default: half the available memory minus the weights)")
+                            "(default: half of what the available memory leaves beside the weights and the runtime)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1) -> None:

@@ -9,6 +9,7 @@ does not: the planning (kv/plan.py), the report's arithmetic (lab/mem_report.py)
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..errors import EdgeKVError
 from .common import add_backend_option, ctx_size, non_negative_int, positive_int
@@ -33,8 +34,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--layer-window", metavar="SPEC", default=None,
                    help="keep only a window in some layers: LAYERS:WINDOW[,...], e.g. 0-9:512,12:256")
     p.add_argument("--mem-budget", metavar="BYTES", default=None,
-                   help="memory for the KV cache, e.g. 512M or 2G (default: half the available memory minus "
-                        "the weights; available = the smallest of MemAvailable and the cgroup limit's headroom)")
+                   help="memory for the KV cache, e.g. 512M or 2G (default: half of what the available memory "
+                        "leaves beside the weights and the runtime; available = the smallest of MemAvailable and "
+                        "the cgroup limit's headroom)")
     add_backend_option(p)
     p.set_defaults(handler=mem)
 
@@ -55,12 +57,44 @@ def mem(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)  # the one loading would use: auto may take a GPU
     device = backend.device_memory()
     budget, source = _budget(args, kvplan.weight_bytes(g), backend)
-    plan = kvplan.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
-                               args.cache_type_v, mem_budget=budget, layer_windows=windows,
-                               n_batch=args.batch_size)
+    refusal = _refusal(g, hp, device)
+    if refusal is not None and args.mem_budget is None:
+        budget, source = None, "no budget: the model does not fit (below)"
+
+    def plan_with(budget):
+        return kvplan.plan_context(hp, args.n_prompt, args.n_predict, args.ctx_size, args.cache_type_k,
+                                   args.cache_type_v, mem_budget=budget, layer_windows=windows,
+                                   n_batch=args.batch_size)
+
+    try:
+        plan = plan_with(budget)
+    except EdgeKVError:
+        if args.mem_budget is not None or budget is None:
+            raise
+        # as loading does: a default budget below the smallest context keeps the context there
+        plan = plan_with(None)
+        source += "; below the smallest context, which loading keeps to"
     print(format_memory_report(memory_report(g, hp, plan, device)))
     print(f"budget from:     {source}")
+    if refusal is not None:
+        print(f"fits:            no: loading refuses it: {refusal}")
+        return 1
     return 0
+
+
+def _refusal(g, hp, device) -> str | None:
+    """What loading would say in refusing this model (kv/fit.py check_fits), or None."""
+    from ..kv import fit
+    from ..kv.memory import free_memory, resident_bytes
+    from ..kv.plan import weight_bytes
+
+    if device is not None and not device.integrated:
+        return None  # a discrete GPU holds the weights: its backend checks those
+    try:
+        fit.check_fits(os.path.basename(g.path), hp, weight_bytes(g), free_memory(), resident_bytes())
+    except fit.ModelTooLargeError as exc:
+        return str(exc)
+    return None
 
 
 def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None, str]:
@@ -77,7 +111,7 @@ def _budget(args: argparse.Namespace, weights: int, backend) -> tuple[int | None
     free = free_memory()
     budget = kvplan.budget_from(None if free is None else free.bytes, weights)  # the figure printed
     source = ("no budget: the free memory cannot be read here" if free is None else
-              f"half of {free} minus the weights")
+              f"half of {free} less the weights and the runtime")
     device = backend.kv_memory_limit(weights)  # a discrete GPU holds the rings (and the weights) too
     chosen = kvplan.within_device(budget, device)
     if device is None:

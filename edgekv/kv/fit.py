@@ -70,7 +70,7 @@ def check_fits(name: str, hp, weights: int, free: FreeMemory | None, in_use: int
         return
     need = minimum_bytes(hp, weights)
     held = min(in_use, RUNTIME_BYTES)
-    room = free.bytes + held
+    room = free.bytes + held  # what the runtime holds already is part of `need`
     if need <= room:
         return
     fits = max(0, room - (need - weights))  # the weights that would fit beside the rest

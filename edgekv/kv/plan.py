@@ -28,6 +28,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from .fit import RUNTIME_BYTES
 from .layer_types import layer_kinds, spec_name
 from ..errors import EdgeKVError
 from .memory import format_bytes, free_memory
@@ -251,16 +252,20 @@ def available_memory() -> int | None:
 
 
 def default_mem_budget(weight_bytes: int) -> int | None:
-    """Half the available memory minus the model's weights (never below 0); None if the
-    available memory is unknown (no budget)."""
+    """Half of what the available memory leaves beside the model's weights and the runtime
+    (never below 0); None if the available memory is unknown (no budget)."""
     return budget_from(available_memory(), weight_bytes)
 
 
 def budget_from(avail: int | None, weight_bytes: int) -> int | None:
-    """default_mem_budget for an available-memory figure already read (None: no budget)."""
+    """default_mem_budget for an available-memory figure already read (None: no budget),
+    e.g. the one the loader read before the weights (Model.memory_room): half of
+    avail - weights - fit.RUNTIME_BYTES. The other half stays free for the compute buffers,
+    the page cache and the rest of the device (8 GB Jetson: an 8B Q4_K_M model under 6 GiB
+    gets ~0.6 GiB, 4,864 tokens of f16 cache)."""
     if avail is None:
         return None
-    return max(0, avail // 2 - int(weight_bytes))
+    return max(0, (int(avail) - int(weight_bytes) - RUNTIME_BYTES) // 2)
 
 
 def within_device(host: int | None, device: int | None) -> int | None:
