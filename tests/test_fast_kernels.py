@@ -302,3 +302,45 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
             assert same_bits(o[t], ref), t
     odd = QuantMatrix(random_rows(ggml_type, 13, n_cols, rng), ggml_type, 13, n_cols)  # a padded last group
     assert RowStack.of([alone[0], odd]) is None
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+def test_k_stack_has_each_weights_bits_and_leaves_them_in_place():
+    # q/k/v-like K-quant weights of one input (Q4_K, Q6_K and Q5_K mixed, as a Q4_K_M layer's
+    # q/k/v are) as one KStack: one token through all of them, every part with its own
+    # weight's matvec bits; the weights keep their own arrays; the backend projects a chunk
+    # through each weight alone (its orders differ from a lone token's)
+    from edgekv.backends import get_backend
+    from edgekv.kernels.row_stack import KStack, stack_of
+
+    rng = np.random.default_rng(5)
+    n_cols = 512
+    kinds = (T.Q4_K, T.Q6_K, T.Q5_K)
+    shapes = (4 * CHUNK, CHUNK, 2 * CHUNK)
+    raws = [random_rows(int(k), n, n_cols, rng) for k, n in zip(kinds, shapes)]
+    alone = [QuantMatrix(raw, int(k), n, n_cols) for raw, k, n in zip(raws, kinds, shapes)]
+    members = [QuantMatrix(raw, int(k), n, n_cols) for raw, k, n in zip(raws, kinds, shapes)]
+    before = [w._p.qs for w in members]
+    stack = stack_of(members)
+    assert isinstance(stack, KStack) and stack.is_of(members) and not stack.is_of(alone)
+    assert all(w._p.qs is qs for w, qs in zip(members, before))
+    x = rng.standard_normal((9, n_cols)).astype(np.float32)
+    for t in range(3):  # the scratch is reused call after call
+        outs = [np.full(n, np.nan, np.float32) for n in shapes]
+        stack.matvec(x[t], outs)
+        for w, o in zip(alone, outs):
+            ref = np.zeros(w.n_rows, np.float32)
+            w.matvec(x[t], ref)
+            assert same_bits(o, ref), (t, w)
+    backend = get_backend("cpu")
+    backend.share_input(members)
+    assert members[0].stack is not None
+    for n_tok in (1, 5, 9):  # one token through the stack; chunks weight by weight, as unstacked
+        outs = [np.zeros((n_tok, n), np.float32) for n in shapes]
+        backend.project_many(members, x[:n_tok], outs)
+        for w, o in zip(alone, outs):
+            ref = np.zeros((n_tok, w.n_rows), np.float32)
+            backend.project(w, x[:n_tok], ref)
+            assert same_bits(o, ref), (n_tok, w)
+    odd = QuantMatrix(random_rows(int(T.Q4_K), 13, n_cols, rng), int(T.Q4_K), 13, n_cols)  # a padded last group
+    assert KStack.of([alone[0], odd]) is None and KStack.of([alone[0]]) is None

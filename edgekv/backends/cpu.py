@@ -26,7 +26,7 @@ from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
 from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, rms_norm, rms_norm_heads, rope_apply,
                            rope_apply_qk, rope_tables, silu_mul, softcap_inplace)
 from ..kernels.quantize import store_rows, store_rows_kv
-from ..kernels.row_stack import RowStack
+from ..kernels.row_stack import RowStack, stack_of
 from . import kernel_map, pack_store
 from .base import Backend
 from .contract import LayerView
@@ -64,18 +64,18 @@ class CPUBackend(Backend):
             w.matmul_exact(x, out)
 
     def share_input(self, ws: Sequence[QuantMatrix]) -> None:
-        # weights on the int8 dot kernels become one RowStack: one kernel call for all of them
-        replaced = [a for w in ws for a in (w._p.qs, w._p.qh, w._p.d)]  # what a stack takes the place of
-        stack = RowStack.of(list(ws))
+        # weights on the int8 dot kernels become one RowStack or KStack: one kernel call for all of them
+        replaced = [a for w in ws for a in (w._p.qs, w._p.qh, w._p.d)]  # what a RowStack takes the place of
+        stack = stack_of(list(ws))
         for w in ws:
             w.stack = stack
-        if stack is not None:  # mapped from a store of repacked weights: those pages are not needed now
+        if isinstance(stack, RowStack):  # mapped from a store of repacked weights: those pages are not needed now
             for a in replaced:
                 pack_store.release(a)
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
         stack = ws[0].stack
-        if stack is not None and stack.is_of(ws):
+        if stack is not None and (x.shape[0] == 1 or stack.chunks) and stack.is_of(ws):
             if x.shape[0] == 1:
                 stack.matvec(x[0], [out[0] for out in outs])
             elif kernel_map.batched(x.shape[0]) and not self.rows_independent:

@@ -4,7 +4,8 @@ set this CPU has: AVX512-VNNI (vnni.py), else AVX2 (avx2.py), or Arm's sdot (sdo
 What lives here: `ISA` (None on a CPU with neither; the portable kernels serve it),
 `HAS_INT8DOT`, `TYPES`, and the drivers matvec_drivers.py calls: `matvec_chunks` (one token,
 llama.cpp's bits), `matvec_chunks_rows` (several tokens, each with those bits) and
-`gemm_chunks` (a long chunk); for the K-quants, `k4_sums` and
+`gemm_chunks` (a long chunk); for the K-quants, `k_gemm_chunks`, `k_gemv_many` (one token
+through several weights at once), `k4_sums` and
 `q6_runs`, the integer sums dot_k.py takes from dot_k_ir.py (K_TYPES). Only this CPU's ISA is ever compiled:
 the other's instructions do not exist for its LLVM target.
 What does not: the IR (dot_ir.py), activation quantization (activations.py).
@@ -193,3 +194,22 @@ def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
                 _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
             for t in range(n_gemm, n_tok):
                 _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+
+
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))
+def k_gemv_many(kinds, starts, qss, qhs, scs, ds, xq4, xsum, xd, outs):
+    # one token through several K-quant weights of one row length (row_stack.KStack): member m
+    # (type kinds[m], arrays qss[m].., row groups starts[m]..starts[m+1]-1 of the jobs) into
+    # outs[m] f32[1, G_m * R], each row as k_gemm_chunks(batch=False) computes it; one
+    # parallel region for all of them
+    for job in nb.prange(starts[-1]):
+        m = 0
+        while job >= starts[m + 1]:
+            m += 1
+        g = job - starts[m]
+        if kinds[m] == T.Q6_K:
+            _q6k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])
+        elif kinds[m] == T.Q4_K:
+            _q4k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])
+        else:
+            _q5k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])

@@ -131,7 +131,7 @@ class QuantMatrix:
         padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
-        self.stack = None  # its row_stack.RowStack, set by the backend's share_input
+        self.stack = None  # its row_stack.RowStack or KStack, set by the backend's share_input
 
     @property
     def sums_on_int8dot(self) -> bool:

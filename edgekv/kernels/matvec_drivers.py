@@ -2,7 +2,7 @@
 kernels over all row groups of a weight in the lane layout (repack.py).
 
 What lives here: one token (`matvec_lanes`, `matvec_serial`, and on the int8 dot CPUs
-`matvec_int8dot`, `matvec_k_int8dot`), separate sequences' tokens (`matvec_lanes_rows`,
+`matvec_int8dot`, `matvec_k_int8dot`, `matvec_k_many`: several K-quant weights at once), separate sequences' tokens (`matvec_lanes_rows`,
 `matvec_int8dot_rows`), float tiles and rows for BLAS and embedding lookups
 (`unpack_tile`, `unpack_rows`), and the activation preparation they share. What does not:
 the per-type arithmetic (dot_q.py, dot_k.py, int8dot.py, unpack.py), choosing among them
@@ -20,7 +20,7 @@ from .config import EXACT_FLAGS, JIT_FLAGS, PARALLEL_FLAGS
 from .dot_k import dot_q4_k, dot_q6_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
-from .int8dot import k_gemm_chunks, matvec_chunks, matvec_chunks_rows
+from .int8dot import k_gemm_chunks, k_gemv_many, matvec_chunks, matvec_chunks_rows
 from .unpack import unpack_group
 
 N_ISUM = 25  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs, 8 lanes, a total)
@@ -145,6 +145,17 @@ def matvec_k_int8dot(kind, x, qs, qh, sc, d, xq, xd, xsum, out_pad, out):
         return
     k_gemm_chunks(kind, qs, qh, sc, d, xq4, xs, xd1, False, out_pad.reshape(1, out_pad.size))
     out[:] = out_pad[:out.shape[0]]
+
+
+@nb.njit(**EXACT_FLAGS)
+def matvec_k_many(x, kinds, starts, qss, qhs, scs, ds, xq, xd, xsum, outs):
+    # one token through several K-quant weights of one row length at once (row_stack.KStack):
+    # x quantized once, then int8dot.k_gemv_many; outs[m] f32[1, rows of member m], each row
+    # with matvec_k_int8dot's bits
+    act.quantize_act_q8_k(x, xq, xd, xsum)
+    n_sb = xq.shape[0]
+    k_gemv_many(kinds, starts, qss, qhs, scs, ds, xq.view(np.int32).reshape(1, n_sb, 64), xsum.reshape(1, n_sb, 16),
+                xd.reshape(1, n_sb, 2), outs)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
