@@ -23,9 +23,23 @@ MIB = 1 << 20
 NO_CGROUP = unavailable()
 
 
+# `edgekv ...` in a child that reports its own peak RSS (VmHWM) as its last line on stderr:
+# ru_maxrss would not do, since a child starts with its parent's peak (it survives fork and
+# exec), and this test's parent is a pytest process that may have held gigabytes
+EDGEKV = """import sys
+from edgekv.cli import main
+status = main(sys.argv[1:])
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+print(f"peak {int(hwm.split()[1]) * 1024}", file=sys.stderr)
+sys.exit(status)
+"""
+
+
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
-    return make_twin("qwen2.5-0.5b", "Q4_K_M", tmp_path_factory.mktemp("twin") / "qwen2.5-0.5b-Q4_K_M.gguf")
+    path = make_twin("qwen2.5-0.5b", "Q4_K_M", tmp_path_factory.mktemp("twin") / "qwen2.5-0.5b-Q4_K_M.gguf")
+    yield path
+    path.unlink()  # 0.37 GiB: pytest keeps the last three runs' folders
 
 
 def _predicted(path, *args) -> tuple[int, int]:
@@ -38,12 +52,17 @@ def _predicted(path, *args) -> tuple[int, int]:
 
 
 def _run(path, limit: int, n: int = 16, command: tuple = ("run", "-p", "Hello", "--ignore-eos", "-c", "auto")):
+    """The edgekv command in a cgroup of `limit` bytes: its run, with max_rss its own VmHWM."""
     group = MemoryCgroup(limit)
     try:
-        return group.run([sys.executable, "-m", "edgekv", command[0], "-m", str(path), "-n", str(n), *command[1:]],
-                         timeout=300)
+        run = group.run([sys.executable, "-c", EDGEKV, command[0], "-m", str(path), "-n", str(n), *command[1:]],
+                        timeout=300)
     finally:
         group.close()
+    peak = re.search(r"^peak (\d+)$", run.stderr, re.M)
+    assert peak is not None or run.oom_killed, run.stderr[-2000:]
+    run.max_rss = int(peak.group(1)) if peak else -1
+    return run
 
 
 @pytest.mark.skipif(NO_CGROUP is not None, reason=f"no memory cgroup: {NO_CGROUP}")

@@ -4,8 +4,9 @@ device's budget.
 `MemoryCgroup(limit)` makes a cgroup under this process's own memory cgroup (cgroup v2's
 memory.max where the unified hierarchy has the memory controller, else v1's
 memory.limit_in_bytes, as kv/memory.py reads them), `run(cmd)` starts a child inside it
-(it joins before exec) and returns its exit status, output, peak resident memory
-(ru_maxrss) and whether the kernel's OOM killer struck; `close()` removes the cgroup.
+(it joins before exec) and returns its exit status, output, ru_maxrss (which starts at the
+parent's peak: a child that must know its own reports VmHWM itself) and whether the
+kernel's OOM killer struck; `close()` removes the cgroup.
 `unavailable()` says why no cgroup can be made here (not root, no memory controller).
 """
 
@@ -27,7 +28,7 @@ class LimitedRun:
     returncode: int
     stdout: str
     stderr: str
-    max_rss: int  # bytes, the child's peak resident memory (ru_maxrss)
+    max_rss: int  # bytes, ru_maxrss: at least the parent's peak (it survives fork and exec)
     oom_killed: bool  # the cgroup's OOM killer struck
 
 
