@@ -9,7 +9,6 @@ does not: the planning (kv/plan.py), the report's arithmetic (lab/mem_report.py)
 from __future__ import annotations
 
 import argparse
-import os
 
 from ..errors import EdgeKVError
 from .common import add_backend_option, ctx_size, non_negative_int, positive_int
@@ -83,16 +82,13 @@ def mem(args: argparse.Namespace) -> int:
 
 
 def _refusal(g, hp, device) -> str | None:
-    """What loading would say in refusing this model (kv/fit.py check_fits), or None."""
-    from ..kv import fit
-    from ..kv.memory import free_memory, resident_bytes
-    from ..kv.plan import weight_bytes
+    """What loading would say in refusing this model (loader.check_host_memory), or None."""
+    from ..kv.fit import ModelTooLargeError
+    from ..loader import check_host_memory
 
-    if device is not None and not device.integrated:
-        return None  # a discrete GPU holds the weights: its backend checks those
     try:
-        fit.check_fits(os.path.basename(g.path), hp, weight_bytes(g), free_memory(), resident_bytes())
-    except fit.ModelTooLargeError as exc:
+        check_host_memory(g, hp, device)
+    except ModelTooLargeError as exc:
         return str(exc)
     return None
 
