@@ -135,6 +135,29 @@ def _total(builder, parts):
     return total
 
 
+def _k4_chunk_sums(builder, isa, f, b, c, tbs, fifth, vi):
+    # (lo, hi) per token tb of tbs: the integer sums of chunk c of super-block b, the low
+    # (high) nibble codes, with Q5_K's fifth bits, times the activation codes; a lone token's
+    # in K4_CHAINS accumulators each, added at the end
+    chains = K4_CHAINS if len(tbs) == 1 else 1
+    lo, hi = [[None] * chains for _ in tbs], [[None] * chains for _ in tbs]
+    for u in range(8):
+        words = f.word(builder, f.qs, f.n_w, b, 8 * c + u, vi)
+        lo_codes = builder.and_(words, _const(vi, 0x0F0F0F0F))
+        hi_codes = builder.and_(builder.lshr(words, _const(vi, 4)), _const(vi, 0x0F0F0F0F))
+        if fifth:  # bit 2c / 2c+1 of each qh byte: the codes' fifth bit
+            e = f.word(builder, f.qh, f.n_qh, b, u, vi)
+            lo_codes = builder.or_(lo_codes, builder.shl(builder.and_(
+                builder.lshr(e, _const(vi, 2 * c)), _const(vi, 0x01010101)), _const(vi, 4)))
+            hi_codes = builder.or_(hi_codes, builder.shl(builder.and_(
+                builder.lshr(e, _const(vi, 2 * c + 1)), _const(vi, 0x01010101)), _const(vi, 4)))
+        for i, tb in enumerate(tbs):
+            j = u % chains
+            lo[i][j] = isa.dot(builder, lo[i][j], lo_codes, load_at(builder, f.x4.data, tb, 64, 16 * c + u))
+            hi[i][j] = isa.dot(builder, hi[i][j], hi_codes, load_at(builder, f.x4.data, tb, 64, 16 * c + 8 + u))
+    return [_total(builder, parts) for parts in lo], [_total(builder, parts) for parts in hi]
+
+
 def _k4_codegen(isa, fifth, n_t, per_chunk):
     """IR body of k4_tile (see the module docstring) for n_t tokens."""
     W = isa.width
@@ -152,23 +175,7 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
             dxs = [load_at(builder, f.xd.data, tb, 2, 0) for tb in tbs]
             tot = mins = [None] * n_t
             for c in range(4):
-                chains = K4_CHAINS if n_t == 1 else 1
-                lo, hi = [[None] * chains for _ in range(n_t)], [[None] * chains for _ in range(n_t)]
-                for u in range(8):
-                    words = f.word(builder, f.qs, f.n_w, b, 8 * c + u, vi)
-                    lo_codes = builder.and_(words, _const(vi, 0x0F0F0F0F))
-                    hi_codes = builder.and_(builder.lshr(words, _const(vi, 4)), _const(vi, 0x0F0F0F0F))
-                    if fifth:  # bit 2c / 2c+1 of each qh byte: the codes' fifth bit
-                        e = f.word(builder, f.qh, f.n_qh, b, u, vi)
-                        lo_codes = builder.or_(lo_codes, builder.shl(builder.and_(
-                            builder.lshr(e, _const(vi, 2 * c)), _const(vi, 0x01010101)), _const(vi, 4)))
-                        hi_codes = builder.or_(hi_codes, builder.shl(builder.and_(
-                            builder.lshr(e, _const(vi, 2 * c + 1)), _const(vi, 0x01010101)), _const(vi, 4)))
-                    for i, tb in enumerate(tbs):
-                        j = u % chains
-                        lo[i][j] = isa.dot(builder, lo[i][j], lo_codes, load_at(builder, f.x4.data, tb, 64, 16 * c + u))
-                        hi[i][j] = isa.dot(builder, hi[i][j], hi_codes, load_at(builder, f.x4.data, tb, 64, 16 * c + 8 + u))
-                lo, hi = [_total(builder, parts) for parts in lo], [_total(builder, parts) for parts in hi]
+                lo, hi = _k4_chunk_sums(builder, isa, f, b, c, tbs, fifth, vi)
                 s0, s1, m0, m1 = (_bytes(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, k), W, False)
                                   for k in (2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c))
                 tot_c, mins_c = [], []
