@@ -56,7 +56,15 @@ class HParams:
         if not self.local_layers:
             object.__setattr__(self, "local_layers", (False,) * self.n_layers)
         if not self.attn_scale:
-            object.__setattr__(self, "attn_scale", 1.0 / float(np.sqrt(self.head_dim)))
+            object.__setattr__(self, "attn_scale", kq_scale(self.head_dim))
+
+
+def kq_scale(n: int) -> float:
+    """1/sqrt(n) as llama.cpp computes it, in float32 (`1.0f/sqrtf(float(n))`): for a head
+    size that is not a power of 4 (Phi-3's 96) the float64 value rounds to the next float32
+    up, and Q.K (or Q, where it is scaled first) differs in its last bit from llama.cpp's,
+    which is enough to flip f16 roundings of Q and of the probabilities."""
+    return float(np.float32(1) / np.sqrt(np.float32(n)))
 
 
 def check_block_count(g: GGUFFile, n_layers: int, key: str) -> None:

@@ -14,12 +14,14 @@ import numpy as np
 from ..backends import Backend
 from ..backends.base import ROPE_NEOX
 from ..gguf.reader import GGUFFile
-from .base import Decoder, HParams, Scratch, WeightLoader, load_layer, read_common_hparams
+from .base import Decoder, HParams, Scratch, WeightLoader, kq_scale, load_layer, read_common_hparams
 from .keys import read_float, read_int
 
 ARCH = "gemma3"
 SWA_PATTERN = 6  # layer i is local unless i % 6 == 5 (llama.cpp's set_swa_pattern(6))
 ROPE_THETA_LOCAL = 10000.0
+LAYERS_27B = 62  # Gemma 3 27B scales Q by 1/sqrt(dim / heads) = 1/sqrt(168), not its head size
+                 # (llama.cpp's LLM_TYPE_27B, after gemma_pytorch's config)
 
 
 def read_hparams(g: GGUFFile) -> HParams:
@@ -32,7 +34,7 @@ def read_hparams(g: GGUFFile) -> HParams:
         rope_theta_local=read_float(g, f"{ARCH}.rope.freq_base_swa", ROPE_THETA_LOCAL),
         window=window,
         local_layers=tuple(bool(window) and i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(n_layers)),
-        attn_scale=1.0 / float(np.sqrt(head_dim)),
+        attn_scale=kq_scale(dim // common["n_heads"] if n_layers == LAYERS_27B else head_dim),
         embed_scale=float(np.sqrt(np.float32(dim))),
         final_softcap=read_float(g, f"{ARCH}.final_logit_softcapping", 0.0),
     )
