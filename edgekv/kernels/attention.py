@@ -123,28 +123,31 @@ def _register(i, one_register):
 
 @nb.njit(**EXACT_FLAGS)
 def dot_f16(q, k_row, acc, one_register):
-    # element i is FMA-accumulated in lane i % 16 of register _register(i) (acc: f32[64],
-    # register j = acc[16j:16j+16]), then the registers are folded as (0+2) + (1+3) and
-    # the lanes reduced; q: f32[hd] (f16 values), k_row: u16[hd]. Whole runs of 64 (16)
-    # elements go through a contiguous loop, which LLVM vectorizes.
+    # q: f32[hd] (f16 values), k_row: u16[hd]; acc: f32[64] scratch. Two orders:
+    # - one_register (a query of a chunk, llamafile's tinyBLAS; hd a multiple of 16):
+    #   element i FMA-accumulates in lane i % 16 of one register, then the lanes are reduced.
+    # - else ggml_vec_dot_f16 (a lone decode step): the first hd - hd % 64 elements in four
+    #   registers (element 64c + 16j + l in lane l of register j), folded (0+2) + (1+3) and
+    #   reduced to a float32, then the leftover elements' products (exact in float32: both
+    #   are f16) added one at a time in float64 (Phi-3's head of 96: 64 + 32).
+    # Whole runs of 16 (64) elements go through a contiguous loop, which LLVM vectorizes.
     acc[:] = 0.0
     hd = q.shape[0]
     if one_register:  # constant trip counts: LLVM unrolls them into whole SIMD registers
-        full = hd - hd % 16
-        for c in range(0, full, 16):
+        for c in range(0, hd, 16):
             for i in range(16):
                 acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
-    else:
-        full = hd - hd % 64
-        for c in range(0, full, 64):
-            for i in range(64):
-                acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
-    for i in range(full, hd):
-        j = 16 * _register(i, one_register) + i % 16
-        acc[j] = fma(q[i], f16_to_f32(k_row[i]), acc[j])
+        return _reduce16(acc)
+    full = hd - hd % 64
+    for c in range(0, full, 64):
+        for i in range(64):
+            acc[i] = fma(q[c + i], f16_to_f32(k_row[c + i]), acc[i])
     for l in range(16):
         acc[l] = np.float32(np.float32(acc[l] + acc[32 + l]) + np.float32(acc[16 + l] + acc[48 + l]))
-    return _reduce16(acc)
+    total = np.float64(_reduce16(acc))
+    for i in range(full, hd):
+        total += np.float64(np.float32(q[i] * f16_to_f32(k_row[i])))
+    return np.float32(total)
 
 
 @intrinsic
@@ -202,6 +205,7 @@ def attend_head(q, qp, k_rows, v_rows, slot_pos, n_slots, window, scale, row, la
     # slot s of the weighted sum of V goes to lane s % 16 of register _register(s).
     hd_k, hd_v = q.shape[0], v_rows.shape[1]
     fast_dot = not one_register and hd_k % 64 == 0
+    tiny_blas = one_register and hd_k % 16 == 0  # tinyBLAS refuses other sizes: ggml_vec_dot_f16 then
     dot_acc = lanes[0, 0, 0:64]  # free until the V sum starts
     for i in range(hd_k):
         q[i] = round_f16(q[i])
@@ -213,7 +217,7 @@ def attend_head(q, qp, k_rows, v_rows, slot_pos, n_slots, window, scale, row, la
         if fast_dot:
             row[s] = dot_f16_4reg(q, k_rows[s]) * scale
         else:
-            row[s] = dot_f16(q, k_rows[s], dot_acc, one_register) * scale
+            row[s] = dot_f16(q, k_rows[s], dot_acc, tiny_blas) * scale
         m = max(m, row[s])
     denom = softmax_numerators(row, n_slots, m)
     inv = np.float32(1.0 / denom) if denom > 0 else np.float32(0.0)
