@@ -65,7 +65,9 @@ def rope_tables(positions, n_rot, freq_base, freq_scale, ext_factor, mscale, cor
     # unscaled angle pos * base^(-2i/n_rot) / factor_i, times freq_scale; with YaRN
     # (ext_factor != 0) mixed back towards the unscaled angle by a ramp between corr_lo and
     # corr_hi; cos and sin times mscale (models/rope.py RopeScaling.mscale)
-    theta_scale = np.float32(freq_base ** (-2.0 / n_rot))
+    # powf(freq_base, -2.0f/n_dims): the exponent rounded to float32 first (for n_rot = 24
+    # the float64 exponent gives another theta_scale), then float32 pow (libm's powf)
+    theta_scale = np.float32(freq_base ** np.float32(np.float32(-2.0) / np.float32(n_rot)))
     ramp_width = max(np.float32(0.001), np.float32(corr_hi - corr_lo))
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
