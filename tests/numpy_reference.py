@@ -144,7 +144,8 @@ class ReferenceModel:
         n_orig = g.get(f"{arch}.rope.scaling.original_context_length") or hp.n_ctx_train
         self.factors = self.w.get("rope_freqs.weight", np.ones(half))
         if "rope_factors_long.weight" in self.w:
-            self.factors = self.w["rope_factors_long.weight" if n_ctx > n_orig else "rope_factors_short.weight"]
+            padded = -(-n_ctx // 256) * 256  # llama.cpp judges "long" on its context, padded to 256
+            self.factors = self.w["rope_factors_long.weight" if padded > n_orig else "rope_factors_short.weight"]
         kind = g.get(f"{arch}.rope.scaling.type", "linear")
         factor = g.get(f"{arch}.rope.scaling.factor", 0.0) or 1.0
         self.freq_scale = 1.0 if kind == "none" else 1.0 / factor

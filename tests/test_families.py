@@ -89,15 +89,17 @@ def test_ring_wraps_with_every_cache_type(tiny_model, family, cache_type):
 
 
 def test_longrope_factors_follow_the_context_size(tiny_model):
-    # original context 32: a session of 64 takes the long factors, one of 16 the short ones,
-    # as llama.cpp's get_rope_factors picks them by n_ctx
-    path = _family(tiny_model, "phi3-longrope")
+    # original context 300: llama.cpp's get_rope_factors takes the long factors when its
+    # context, n_ctx padded to a multiple of 256, exceeds it: 256 stays short, 257 (512)
+    # is long. (The reference pads too; tiny_families.json's phi3-longrope-padded is
+    # llama.cpp's own word on a session of 64 over an original context of 128.)
+    path = tiny_model(weight_type="F32", n_ctx=1024, **{**DIMS, **FAMILIES["phi3-longrope"], "longrope": 300})
     model = load(path)
-    assert model.hp.rope_scaling.n_ctx_orig == 32 and model.hp.rope_scaling.attn_factor > 1
-    for n_ctx in (16, 64):
+    assert model.hp.rope_scaling.n_ctx_orig == 300 and model.hp.rope_scaling.attn_factor > 1
+    for n_ctx in (256, 257):
         ours = model.session(n_ctx=n_ctx, cache_type_k="f32", cache_type_v="f32").eval(TOKENS[:16], all_logits=True)
         assert _rel_err(ours, ReferenceModel(path, n_ctx=n_ctx).logits(TOKENS[:16])) < PREFILL_TOL
-        other = 64 if n_ctx == 16 else 16
+        other = 257 if n_ctx == 256 else 256
         assert _rel_err(ours, ReferenceModel(path, n_ctx=other).logits(TOKENS[:16])) > 1e-2
 
 
@@ -156,3 +158,14 @@ def test_edgekv_run_and_chat_work_for_each_family(tiny_model, capsys, arch):
         sys.stdin = stdin
     out, err = capsys.readouterr()
     assert rc == 0 and "error" not in err and "tokens/s" in err, err  # an answer was generated and timed
+
+
+@pytest.mark.parametrize("arch, n_layers, head_dim, scaled_by", [
+    ("phi3", 2, 96, 96),  # 1/sqrtf(96) is one float32 below the float64 value, rounded
+    ("gemma3", 26, 32, 32),  # Gemma 3 scales Q by its head size...
+    ("gemma3", 62, 32, 16),  # ...except the 27B (62 layers): 1/sqrt(dim / heads) = 1/sqrt(64 / 4)
+])
+def test_attention_scale_is_llama_cpps_float32(tiny_model, arch, n_layers, head_dim, scaled_by):
+    # llama.cpp: 1.0f/sqrtf(float(n)) (gemma3: its f_attention_scale), so float32 throughout
+    path = tiny_model(arch=arch, n_layers=n_layers, **{**DIMS, "dim": 64, "head_dim": head_dim})
+    assert load(path).hp.attn_scale == float(np.float32(1) / np.sqrt(np.float32(scaled_by)))

@@ -49,6 +49,8 @@ FAMILIES = {
     "qwen3": dict(arch="qwen3", weight_type="Q8_0", tied=False, **{**DIMS, "head_dim": 64}),
     "phi3": dict(arch="phi3", weight_type="F32", rope_dims=24, **DIMS),
     "phi3-longrope": dict(arch="phi3", weight_type="Q8_0", rope_dims=24, longrope=32, **DIMS),
+    # an original context (128) above the session's (64) but below llama.cpp's padded one (256)
+    "phi3-longrope-padded": dict(arch="phi3", weight_type="Q8_0", seed=3, rope_dims=24, longrope=128, **DIMS),
     "mistral": dict(arch="mistral", weight_type="Q8_0", sliding_window=128, **DIMS),
     "llama-linear": dict(arch="llama", weight_type="Q8_0", metadata={
         "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, **DIMS),

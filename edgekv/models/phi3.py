@@ -11,7 +11,10 @@ As llama.cpp's src/models/phi3.cpp:
 - LongRoPE (Phi-3-*-128k, Phi-3.5): per-dimension divisors `rope_factors_long.weight` for
   a session longer than `phi3.rope.scaling.original_context_length`, else
   `rope_factors_short.weight` (llama_model::get_rope_factors), and cos/sin multiplied by
-  `phi3.rope.scaling.attn_factor`.
+  `phi3.rope.scaling.attn_factor`. "Longer" is judged as llama.cpp judges it, on the
+  context rounded up to a multiple of 256 (llama_context pads n_ctx so): the same choice
+  for the real models (original contexts of 4096 and 8192), and the same logits for a
+  session of 64 over an original context of 128.
 - Q is scaled by 1/sqrt(head_dim) before attention.
 - `phi3.attention.sliding_window` is ignored, as llama.cpp ignores it ("Phi SWA is
   currently disabled"): one set of logits with llama.cpp matters more here.
@@ -28,6 +31,14 @@ from .base import LayerWeights, WeightLoader, share_inputs
 from .llama import LlamaModel
 
 
+LLAMA_CPP_CTX_PAD = 256
+
+
+def llama_cpp_context(n_ctx: int) -> int:
+    """The context llama.cpp runs a request for n_ctx tokens in: GGML_PAD(n_ctx, 256)."""
+    return -(-n_ctx // LLAMA_CPP_CTX_PAD) * LLAMA_CPP_CTX_PAD
+
+
 class Phi3Model(LlamaModel):
     arch = "phi3"
     rope_mode = ROPE_NEOX
@@ -42,7 +53,7 @@ class Phi3Model(LlamaModel):
         self.factors_short = w.vector("rope_factors_short.weight", half) if w.has("rope_factors_short.weight") else None
 
     def rope_factors(self, n_ctx: int) -> np.ndarray:
-        if self.factors_long is not None and n_ctx > self.hp.rope_scaling.n_ctx_orig:
+        if self.factors_long is not None and llama_cpp_context(n_ctx) > self.hp.rope_scaling.n_ctx_orig:
             return self.factors_long
         if self.factors_short is not None:
             return self.factors_short
