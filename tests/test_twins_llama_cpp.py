@@ -31,18 +31,8 @@ def _sha256(path) -> str:
     return digest.hexdigest()
 
 
-# Found by this test (2026-12-06), not yet explained: the Phi-3.5-mini twin gives llama.cpp's
-# log-probs at position 0 and differs by 0.15-0.49 from position 1 on, so attention or RoPE
-# at its shapes (32 heads of 96, LongRoPE with factors of 1 and attn_factor 1.19). A tiny
-# phi3 with LongRoPE whose original context (128) exceeds the session's (64) differs too
-# while one below it agrees: llama.cpp may choose the factors by its padded context. Strict:
-# the fix turns this into a failure that asks for the mark to go.
-PHI3_DIVERGES = pytest.mark.xfail(strict=True, reason="phi3 twin: attention/RoPE differs from llama.cpp from position 1")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [f if f != "phi3" else pytest.param(f, marks=PHI3_DIVERGES)
-                                    for f in sorted(DATA["twins"])])
+@pytest.mark.parametrize("family", sorted(DATA["twins"]))
 def test_twin_logprobs_and_greedy_ids_match_llama_cpp(tmp_path, family):
     ref = DATA["twins"][family]
     recipe = ref["recipe"]
