@@ -115,15 +115,16 @@ def byte_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def parse_merges(merges: list[str]) -> dict[tuple[str, str], int]:
-    """`tokenizer.ggml.merges` -> {(left, right): rank}; the first of duplicate pairs wins."""
-    def pair(merge: str) -> tuple[str, str]:
-        pos = merge.find(" ", 1)
-        return (merge[:pos], merge[pos + 1 :]) if pos >= 0 else ("", "")
+def parse_merges(merges: list[str]) -> dict[str, int]:
+    """`tokenizer.ggml.merges` -> {merge text: rank}; the first of duplicate merges wins.
 
-    pairs = list(map(pair, merges))
-    # built from the last merge to the first, so the first of duplicate pairs is what stays
-    return dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
+    llama.cpp splits a merge at its first space after the first character into (left,
+    right); a pair is looked up here as `left + " " + right`, which is that merge's text
+    again. A word's symbols are byte-encoded (a space is 'Ġ'), so no left symbol holds a
+    space and no pair can spell another merge. Keyed by the text, the table is built
+    without splitting 150k merges at every load (0.14 -> 0.01 s for Qwen's)."""
+    # from the last merge to the first, so the first of duplicates is what stays
+    return dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
 
 
 class BPEModel:
@@ -184,7 +185,7 @@ class BPEModel:
         def push(left: int, right: int) -> None:
             if left < 0 or right < 0:
                 return
-            rank = ranks.get((texts[left], texts[right]))
+            rank = ranks.get(texts[left] + " " + texts[right])
             if rank is not None:
                 heapq.heappush(heap, (rank, left, right, texts[left] + texts[right]))
 
