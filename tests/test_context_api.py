@@ -96,6 +96,32 @@ def test_growth_stops_at_the_cap_then_the_policy_applies(paths):
     assert strict("Hello", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] == 2  # still usable
 
 
+def test_no_room_beside_the_weights_keeps_the_smallest_context(paths, monkeypatch, caplog):
+    # the loader read room for the weights and nothing more (budget 0): the auto context
+    # stays at 256 tokens, says so, and refuses to grow instead of planning without a budget
+    from edgekv import loader
+    from edgekv.kv.plan import weight_bytes
+
+    monkeypatch.setattr(loader, "check_host_memory", lambda g, hp, device: weight_bytes(g))
+    with caplog.at_level("WARNING", logger="edgekv"):
+        llm = Llama(paths["llama"])
+        llm.eval(prompt_ids(llm, 200))
+    assert "stays at 256 tokens" in caplog.text and llm.n_ctx() == 256
+    with pytest.raises(ContextFullError):
+        llm.eval(prompt_ids(llm, 100))  # 300 tokens: no growth past the smallest context
+    assert llm.n_ctx() == 256 and llm.n_tokens == 200
+    assert llm("Hello", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] == 2  # still usable
+
+
+def test_an_explicit_context_beyond_the_budget_is_warned_about_and_kept(paths, caplog):
+    # as llama.cpp: -c is the user's word (swap, a budget set too low); the plan says what it costs
+    with caplog.at_level("WARNING", logger="edgekv"):
+        llm = Llama(paths["llama"], n_ctx=1024, mem_budget=512 * BYTES_PER_TOKEN)
+    assert "n_ctx = 1024 needs 256.00 KiB of KV cache, more than the memory budget of 128.00 KiB" in caplog.text
+    llm.eval(prompt_ids(llm, 700))
+    assert llm.n_ctx() == 1024 and llm.n_tokens == 700
+
+
 def test_an_extended_prompt_evaluates_only_the_new_tokens(paths):
     llm = Llama(paths["llama"])
     first = prompt_ids(llm, 200)
