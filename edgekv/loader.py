@@ -51,7 +51,8 @@ class Model:
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
             # what this process may use, read before any weight is (the auto context's budget)
-            self.memory_room = check_host_memory(self.gguf, read_hparams(self.gguf), self.backend.device_memory())
+            self.memory_room = check_host_memory(self.gguf, read_hparams(self.gguf), self.backend.device_memory(),
+                                                 fit.check_enforced())
             self.gguf.pack_store = _pack_store(self.gguf, self.backend)
             try:
                 self.network = build_model(self.gguf, self.backend)
@@ -157,14 +158,15 @@ def _gc_paused():
             gc.enable()
 
 
-def check_host_memory(g: GGUFFile, hp, device) -> int | None:
+def check_host_memory(g: GGUFFile, hp, device, enforce: bool = True) -> int | None:
     """The host memory this process may use (free now, plus what it holds of the runtime;
     None: unknown), after checking that the model's smallest process fits it
-    (fit.ModelTooLargeError). device: the backend's (Backend.device_memory); a discrete GPU
-    holds the weights in its own memory, and its backend checks those. `edgekv mem` asks too."""
+    (fit.ModelTooLargeError; enforce False: a warning). device: the backend's
+    (Backend.device_memory); a discrete GPU holds the weights in its own memory, and its
+    backend checks those. `edgekv mem` asks too."""
     free, held = kv_memory.free_memory(), kv_memory.resident_bytes()
     if device is None or device.integrated:
-        fit.check_fits(os.path.basename(g.path), hp, weight_bytes(g), free, held)
+        fit.check_fits(os.path.basename(g.path), hp, weight_bytes(g), free, held, enforce)
     return None if free is None else free.bytes + min(held, fit.RUNTIME_BYTES)
 
 

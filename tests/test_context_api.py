@@ -102,7 +102,7 @@ def test_no_room_beside_the_weights_keeps_the_smallest_context(paths, monkeypatc
     from edgekv import loader
     from edgekv.kv.plan import weight_bytes
 
-    monkeypatch.setattr(loader, "check_host_memory", lambda g, hp, device: weight_bytes(g))
+    monkeypatch.setattr(loader, "check_host_memory", lambda g, hp, device, enforce=True: weight_bytes(g))
     with caplog.at_level("WARNING", logger="edgekv"):
         llm = Llama(paths["llama"])
         llm.eval(prompt_ids(llm, 200))

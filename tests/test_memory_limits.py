@@ -107,3 +107,21 @@ def test_check_fits_says_what_would_fit():
     assert f"at most {fits / (1 << 30):.2f} GiB of weights" in text
     # what the process already holds of the runtime counts as room
     check_fits("8b.gguf", _HP, weights, FreeMemory(need - 100 * MIB, "test"), in_use=100 * MIB)
+
+
+def test_memory_check_off_loads_what_does_not_fit_with_a_warning(tiny_model, monkeypatch, caplog):
+    # a Jetson's zram (or any swap) takes what MemAvailable leaves out: EDGEKV_MEMORY_CHECK=0
+    # loads anyway, says what is short, and the auto context keeps to its smallest
+    from edgekv import Llama
+    from edgekv.kv import memory as kv_memory
+
+    path = str(tiny_model("llama"))
+    monkeypatch.setattr(kv_memory, "free_memory", lambda: FreeMemory(1 * MIB, "test: 1 MiB"))
+    with pytest.raises(ModelTooLargeError, match="EDGEKV_MEMORY_CHECK=0 loads it anyway"):
+        Llama(path)
+    monkeypatch.setenv("EDGEKV_MEMORY_CHECK", "0")
+    with caplog.at_level("WARNING", logger="edgekv"):
+        llm = Llama(path)
+    assert "but only" in caplog.text and "loading it anyway (EDGEKV_MEMORY_CHECK=0)" in caplog.text
+    assert llm("Hello", max_tokens=2, temperature=0.0)["usage"]["completion_tokens"] == 2
+    assert llm.n_ctx() == MIN_CONTEXT

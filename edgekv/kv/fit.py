@@ -14,9 +14,14 @@ memory figures (memory.py), the report's text (lab/mem_report.py).
 The smallest process a model can run in is its weights, the runtime, and the KV cache and
 buffers of a MIN_CONTEXT-token context with the f16 cache. Below that, loading raises
 ModelTooLargeError; above it, the auto context is planned inside what is left (plan.py).
+EDGEKV_MEMORY_CHECK=0 turns the refusal into a warning, for a machine whose swap or zram
+(JetPack's default) takes what the free memory cannot, at their speed.
 """
 
 from __future__ import annotations
+
+import logging
+import os
 
 from ..errors import EdgeKVError
 from .memory import FreeMemory, format_bytes
@@ -29,6 +34,13 @@ MIB = 1 << 20
 # Qwen2.5-0.5B twin 219 MiB, the 1.5B twin 207 MiB (2026-12-06).
 RUNTIME_BYTES = 200 * MIB
 MIN_CONTEXT = 256  # tokens: the smallest auto context (plan.CTX_ALIGN)
+CHECK_ENV = "EDGEKV_MEMORY_CHECK"  # "0": load what does not fit, with a warning
+log = logging.getLogger("edgekv")
+
+
+def check_enforced() -> bool:
+    """Whether loading refuses a model that cannot fit (EDGEKV_MEMORY_CHECK is not "0")."""
+    return os.environ.get(CHECK_ENV, "1").strip() != "0"
 
 
 class ModelTooLargeError(EdgeKVError):
@@ -62,10 +74,11 @@ def minimum_bytes(hp, weights: int, n_batch: int = 512) -> int:
     return process_bytes(weights, kv, compute_bytes(hp, min(n_batch, MIN_CONTEXT), MIN_CONTEXT))
 
 
-def check_fits(name: str, hp, weights: int, free: FreeMemory | None, in_use: int = 0) -> None:
+def check_fits(name: str, hp, weights: int, free: FreeMemory | None, in_use: int = 0, enforce: bool = True) -> None:
     """Raise ModelTooLargeError when the model's smallest process (minimum_bytes) exceeds
     the memory free now (memory.free_memory) plus in_use, what this process already holds
-    of the runtime (its resident memory). free None (unknown): nothing is checked."""
+    of the runtime (its resident memory); enforce False: log it as a warning instead.
+    free None (unknown): nothing is checked."""
     if free is None:
         return
     need = minimum_bytes(hp, weights)
@@ -73,12 +86,17 @@ def check_fits(name: str, hp, weights: int, free: FreeMemory | None, in_use: int
     room = free.bytes + held  # what the runtime holds already is part of `need`
     if need <= room:
         return
+    shortfall = (f"{name} needs at least {format_bytes(need)} of memory ({format_bytes(weights)} of weights, "
+                 f"{format_bytes(need - weights - RUNTIME_BYTES)} of KV cache and buffers for a {MIN_CONTEXT}-token "
+                 f"context, {format_bytes(RUNTIME_BYTES)} of runtime), but only {format_bytes(room)} is available "
+                 f"({free}, and {format_bytes(held)} this process holds already)")
+    if not enforce:
+        log.warning("%s; loading it anyway (%s=0): swap or zram must take the rest, or the system's OOM killer "
+                    "will", shortfall, CHECK_ENV)
+        return
     fits = max(0, room - (need - weights))  # the weights that would fit beside the rest
     raise ModelTooLargeError(
-        f"{name} needs at least {format_bytes(need)} of memory ({format_bytes(weights)} of weights, "
-        f"{format_bytes(need - weights - RUNTIME_BYTES)} of KV cache and buffers for a {MIN_CONTEXT}-token "
-        f"context, {format_bytes(RUNTIME_BYTES)} of runtime), but only {format_bytes(room)} is available "
-        f"({free}, and {format_bytes(held)} this process holds already); nothing was loaded. A smaller "
-        f"context or a q8_0/iq4_cal cache (-ctk/-ctv) cannot make up the difference: use a model with at most "
-        f"{format_bytes(fits)} of weights (a smaller model, or fewer bits per weight), or free memory or "
-        f"raise the limit")
+        f"{shortfall}; nothing was loaded. A smaller context or a q8_0/iq4_cal cache (-ctk/-ctv) cannot make up "
+        f"the difference: use a model with at most {format_bytes(fits)} of weights (a smaller model, or fewer bits "
+        f"per weight), or free memory or raise the limit; with swap or zram to take the rest (at their speed), "
+        f"{CHECK_ENV}=0 loads it anyway")
