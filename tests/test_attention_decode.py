@@ -45,6 +45,9 @@ def _both(n_heads, n_kv, hd_k, hd_v, cap, n_slots, slot_pos, q_pos, window, scal
     (4, 1, 256, 256, 1300),  # gemma3's; a partial chunk too
     (4, 4, 128, 64, 768),  # no GQA, K and V head sizes differ
     (10, 2, 64, 64, 530),  # groups of 5: served as 4 + 1 heads
+    (6, 6, 96, 96, 1037),  # Phi-3's 96: 64 + 32 summed in float64 per dot, V columns 64 + 2 x 16
+    (4, 2, 80, 48, 600),  # 64 + 16; V narrower than a chunk of 64
+    (2, 1, 32, 32, 530),  # no whole chunk: the whole K dot in float64
 ])
 def test_deep_kernel_matches_attention_f16_bit_for_bit(n_heads, n_kv, hd_k, hd_v, n_slots):
     cap = n_slots + 20
@@ -93,11 +96,12 @@ def test_deep_kernel_skips_underflowed_slots_as_attention_f16_does():
     np.testing.assert_array_equal(out[0, 0], v[0, 100].astype(np.float32))
 
 
-def test_fits_only_deep_single_queries_in_whole_chunks():
+def test_fits_only_deep_single_queries_in_whole_vectors():
     assert fits(1, DEPTH_MIN_SLOTS, 0, 64, 64) and fits(1, 16384, 0, 256, 256)
     assert not fits(2, 4096, 0, 64, 64)  # a chunk of queries sums in one register (tinyBLAS)
     assert not fits(1, DEPTH_MIN_SLOTS - 1, 0, 64, 64)
-    assert not fits(1, 4096, 0, 80, 80) and not fits(1, 4096, 0, 64, 48)
+    assert fits(1, 4096, 0, 96, 96) and fits(1, 4096, 0, 80, 48)  # whole 16-element vectors
+    assert not fits(1, 4096, 0, 72, 64) and not fits(1, 4096, 0, 64, 40)
     # a sliding window caps what the query sees: gemma3's local layers (512 of 1088) take
     # it, a window below the switch does not, whatever the ring holds
     assert fits(1, 1088, 512, 256, 256) and fits(1, 1024, 4096, 64, 64)

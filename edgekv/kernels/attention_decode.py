@@ -12,6 +12,9 @@ scheduled differently, so every result is identical:
   and then the 16 slots' lane trees (lanes i + i+8, i + i+4, then (0+2) + (1+3)) run side
   by side as four rounds of shuffles and vector adds instead of sixteen scalar
   reductions. Float addition is commutative: the same two operands give the same bits.
+  A head size that is not a multiple of 64 (Phi-3's 96) adds the rest of each dot's
+  products one at a time in float64 after the reduction, as ggml_vec_dot_f16 does, the
+  block's 16 slots side by side (`_add_leftovers`).
 - V accumulation, one accumulator row at a time (`_v_rows`): slot s adds into lane
   s % 16 of register (s % 64) // 16, i.e. into accumulator row s % 64, in increasing s.
   Each of the 64 rows is independent, so a row's slots r, r + 64, r + 128, ... are
@@ -35,11 +38,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .attention import _fold_lanes, _reduce16_rows, dot_f16_4reg, softmax_numerators, visible
+from .attention import _fold_lanes, _reduce16_rows, dot_f16, dot_f16_4reg, softmax_numerators, visible
 from .attention_deep_ir import (MAX_HEADS, V_AHEAD_SLOTS, _block_max, _scores_block, _v_block, prefetch_rows,
                                 softmax_numerators_16)
 from .config import EXACT_FLAGS
-from .fp16 import round_f16
+from .fp16 import f16_to_f32, round_f16
 from .intrinsics import HAS_FMA
 
 # Below this many cache slots the single-region attention_f16 is as fast; both give the
@@ -52,8 +55,9 @@ EXACT_PARALLEL = dict(EXACT_FLAGS, parallel=True)
 
 def fits(n_queries: int, n_slots: int, window: int, hd_k: int, hd_v: int) -> bool:
     """Whether attention_f16_deep takes this call: one query that sees at least
-    DEPTH_MIN_SLOTS slots (a sliding window caps what it sees), head sizes in whole 64-element
-    chunks (the layouts its IR is written for).
+    DEPTH_MIN_SLOTS slots (a sliding window caps what it sees), head sizes in whole 16-element
+    vectors (the layouts its IR is written for; Phi-3's 96 = 64 + 32 sums the last 32 of each
+    K dot in float64, as ggml_vec_dot_f16 does).
 
     A sliding-window layer whose ring holds more than its window (gemma3's local layers:
     512 of ~1088 slots) takes it too: 16-slot blocks the query cannot see are not dotted,
@@ -61,7 +65,7 @@ def fits(n_queries: int, n_slots: int, window: int, hd_k: int, hd_v: int) -> boo
     an AVX-512 Zen 4, 40 layers' rings from memory: 78-81 us against attention_f16's 96-98
     (before the skipping, on an AVX2 EPYC: 290 against 169)."""
     seen = n_slots if window == 0 else min(n_slots, window)
-    return n_queries == 1 and seen >= DEPTH_MIN_SLOTS and hd_k % 64 == 0 and hd_v % 64 == 0
+    return n_queries == 1 and seen >= DEPTH_MIN_SLOTS and hd_k % 16 == 0 and hd_v % 16 == 0
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -73,23 +77,46 @@ def _any_visible(slot_pos, s0, qp, window):
     return False
 
 
+@nb.njit(**EXACT_FLAGS)
+def _add_leftovers(qh, k_head, s0, full, scale, row, total):
+    # ggml_vec_dot_f16's tail for slots s0 .. s0 + 15: row[s] holds the reduced sum of the
+    # first `full` elements; the products of the rest (exact in float32: both factors are
+    # f16 values) are added one at a time in float64, then the dot is scaled. Each slot's
+    # sum keeps that order; the 16 slots' sums run side by side (vectorizable across slots)
+    for j in range(16):
+        total[j] = np.float64(row[s0 + j])
+    for i in range(full, qh.shape[0]):
+        qi = qh[i]
+        for j in range(16):
+            total[j] += np.float64(np.float32(qi * f16_to_f32(k_head[s0 + j, i])))
+    for j in range(16):
+        row[s0 + j] = np.float32(total[j]) * scale
+
+
 @nb.njit(**EXACT_PARALLEL)
 def _k_scores(q, qp, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, maxima):
     # scores[h, s] = q[h] . k[s] * scale for visible slots (-inf for the rest) in whole
     # 16-slot blocks; maxima[h, c]: the largest score of chunk c (-inf if none). On the
     # way, the V rows V_AHEAD_SLOTS ahead are asked for (the V phase reads them out of order)
-    n_heads, n_kv = q.shape[0], k_cache.shape[0]
-    end = n_slots - n_slots % 16
+    n_heads, n_kv, hd = q.shape[0], k_cache.shape[0], q.shape[1]
+    end, full = n_slots - n_slots % 16, hd - hd % 64
     group, n_chunks = n_heads // n_kv, (end + SLOT_CHUNK - 1) // SLOT_CHUNK
     for job in nb.prange(n_kv * n_chunks):
         g, c = job // n_chunks, job % n_chunks
+        total = np.empty(16, np.float64)  # _add_leftovers' sums
         lo, hi = c * SLOT_CHUNK, min(end, (c + 1) * SLOT_CHUNK)
         for s0 in range(lo, hi, 16):
             if not _any_visible(slot_pos, s0, qp, window):  # masked whole below
                 continue
             prefetch_rows(v_cache[g], s0 + V_AHEAD_SLOTS, 16)
             for h0 in range(g * group, (g + 1) * group, MAX_HEADS):
-                _scores_block(q, h0, min(MAX_HEADS, (g + 1) * group - h0), k_cache[g], s0, scale, scores)
+                n = min(MAX_HEADS, (g + 1) * group - h0)
+                if full == hd:
+                    _scores_block(q, h0, n, k_cache[g], s0, scale, scores)
+                else:  # the 64-element chunks' sums unscaled (x * 1 is exact), then the rest
+                    _scores_block(q, h0, n, k_cache[g], s0, np.float32(1.0), scores)
+                    for h in range(h0, h0 + n):
+                        _add_leftovers(q[h], k_cache[g], s0, full, scale, scores[h], total)
         for s in range(lo, hi):
             if not visible(slot_pos[s], qp, window):
                 for h in range(g * group, (g + 1) * group):
@@ -137,12 +164,16 @@ def attention_f16_deep(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, sc
     end = n_slots - n_slots % 16
     n_chunks = (end + SLOT_CHUNK - 1) // SLOT_CHUNK
     maxima = np.full((n_heads, n_chunks + 1), -np.inf, np.float32)
+    acc = np.empty(64, np.float32)  # dot_f16's scratch
     _k_scores(qh, qp, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, maxima)
     for h in range(n_heads):  # the last partial block, one slot at a time
         m = -np.inf
         for s in range(end, n_slots):
             if visible(slot_pos[s], qp, window):
-                scores[h, s] = dot_f16_4reg(qh[h], k_cache[h // group, s]) * scale
+                if hd_k % 64:
+                    scores[h, s] = dot_f16(qh[h], k_cache[h // group, s], acc, False) * scale
+                else:
+                    scores[h, s] = dot_f16_4reg(qh[h], k_cache[h // group, s]) * scale
                 m = max(m, scores[h, s])
             else:
                 scores[h, s] = -np.inf

@@ -156,7 +156,8 @@ def _v_rows(n_heads):
         # probs[h, s] * v_head[s] (one FMA per element, from 0): accumulator row r of
         # attention_f16's V sum. numerators, probs: f32[rows, width] (probs f16 values);
         # v_head: u16[cap, hd_v]; lanes: f32[heads, 4, 16, hd_v]; all C-contiguous, hd_v a
-        # multiple of 64. 64 columns of every head's row at a time stay in registers.
+        # multiple of 16. 64 columns of every head's row at a time stay in registers, then
+        # the last hd_v % 64 columns 16 at a time.
         def codegen(context, builder, sig, args):
             na, pa, va, la = arrays(context, builder, sig, args, 0, 1, 3, 6)
             i64 = ir.IntType(64)
@@ -168,9 +169,9 @@ def _v_rows(n_heads):
             count = builder.udiv(builder.add(builder.sub(n, row), ir.Constant(i64, 63)), ir.Constant(i64, 64))
             count = builder.select(builder.icmp_signed(">", n, row), count, ir.Constant(i64, 0))
             zero = ir.Constant(FLOAT, 0.0)
-            with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(i64, 64))) as cols:
-                c0 = builder.mul(cols.index, ir.Constant(i64, 64))
-                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(4)]
+            def columns(c0, n_vec):
+                # columns c0 .. c0 + 16 n_vec - 1 of every head's accumulator row, held in registers
+                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(n_vec)]
                         for _ in range(n_heads)]
                 with cgutils.for_range(builder, count) as loop:
                     s = builder.add(row, builder.mul(loop.index, ir.Constant(i64, 64)))
@@ -184,22 +185,30 @@ def _v_rows(n_heads):
                     with builder.if_then(any_keep, likely=True):
                         base = builder.add(builder.mul(s, hd), c0)
                         ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
-                        for half in (0, 32):  # 64 halves: two cache lines
+                        for half in range(0, 16 * n_vec, 32):  # a cache line per 32 halves
                             prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
                         v = [halves_to_float(builder, _load_vec(builder, va.data,
                                                                 builder.add(base, ir.Constant(i64, 16 * j)), V16S))
-                             for j in range(4)]
+                             for j in range(n_vec)]
                         for g, (h, keep) in enumerate(zip(heads, keeps)):
                             w = splat(builder,
                                       builder.load(builder.gep(pa.data, [builder.add(builder.mul(h, p_width), s)])))
-                            for j in range(4):
+                            for j in range(n_vec):
                                 old = builder.load(accs[g][j])
                                 builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
                 for g, h in enumerate(heads):
                     out = builder.add(builder.mul(builder.add(builder.mul(h, ir.Constant(i64, 64)), row), hd), c0)
-                    for j in range(4):
+                    for j in range(n_vec):
                         dst = builder.gep(la.data, [builder.add(out, ir.Constant(i64, 16 * j))])
                         builder.store(builder.load(accs[g][j]), builder.bitcast(dst, V16F.as_pointer()), align=4)
+
+            whole = builder.udiv(hd, ir.Constant(i64, 64))
+            with cgutils.for_range(builder, whole) as cols:  # 64 columns at a time
+                columns(builder.mul(cols.index, ir.Constant(i64, 64)), 4)
+            tail = builder.udiv(builder.urem(hd, ir.Constant(i64, 64)), ir.Constant(i64, 16))
+            with cgutils.for_range(builder, tail) as cols:  # then 16 (Phi-3's 96: 64 + 2 x 16)
+                columns(builder.add(builder.mul(whole, ir.Constant(i64, 64)),
+                                    builder.mul(cols.index, ir.Constant(i64, 16))), 1)
             return context.get_dummy_value()
 
         return types.void(numerators, probs, h0, v_head, r, n_slots, lanes), codegen
