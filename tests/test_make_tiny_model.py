@@ -14,11 +14,12 @@ from edgekv.gguf.reader import GGUFFile
 
 from edgekv.testing import tiny_model as mtm  # noqa: E402
 from edgekv.testing import tiny_vocab  # noqa: E402
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # 256-value blocks
 K_DIMS = dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512)  # every row a multiple of 256
 # relative RMS error of a quantize -> dequantize round trip of normal(0, 1) rows
 ROUND_TRIP_TOL = {"F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.05, "Q5_1": 0.05,
-                  "Q5_K": 0.05, "Q4_0": 0.11, "Q4_1": 0.10, "Q4_K": 0.10}
+                  "Q5_K": 0.05, "Q4_0": 0.11, "Q4_1": 0.10, "Q4_K": 0.10, "IQ4_NL": 0.10, "IQ4_XS": 0.10,
+                  "Q3_K": 0.20, "Q2_K": 0.36}
 
 
 def as_f32(tensor) -> np.ndarray:

@@ -193,8 +193,8 @@ def test_int8dot_matmul_writes_only_its_rows_and_agrees_with_matvec(ggml_type):
 
 def test_bad_inputs_are_rejected_at_the_boundary():
     raw = random_rows(int(T.Q8_0), 4, 64, np.random.default_rng(0))
-    with pytest.raises(UnsupportedModelError, match="IQ4_NL .*supported: F32"):
-        QuantMatrix(raw, int(T.IQ4_NL), 4, 64)
+    with pytest.raises(UnsupportedModelError, match="IQ2_XXS .*supported: F32"):
+        QuantMatrix(raw, int(T.IQ2_XXS), 4, 64)
     with pytest.raises(UnsupportedModelError, match="needs 272 uint8 bytes, got 136"):
         QuantMatrix(raw[:2], int(T.Q8_0), 4, 64)
     m = QuantMatrix(raw, int(T.Q8_0), 4, 64)

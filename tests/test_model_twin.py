@@ -71,5 +71,5 @@ def test_a_twin_runs_with_finite_logits(tiny_model, tmp_path):
 
 
 def test_a_type_without_random_weights_says_which_it_has(tmp_path):
-    with pytest.raises(ValueError, match="no random weights for IQ4_NL tensors"):
-        twin.random_weights(T.IQ4_NL, 32, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="no random weights for IQ2_XXS tensors"):
+        twin.random_weights(T.IQ2_XXS, 256, 2, np.random.default_rng(0))

@@ -54,7 +54,25 @@ FAMILIES = {
     "mistral": dict(arch="mistral", weight_type="Q8_0", sliding_window=128, **DIMS),
     "llama-linear": dict(arch="llama", weight_type="Q8_0", metadata={
         "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, **DIMS),
+    # IQ4_XS in every matrix (rows of 256 and 512 values): vec_dot under 8 tokens, the
+    # tiled matmul from 8 (the long prompt)
+    "llama-iq4_xs": dict(arch="llama", weight_type="IQ4_XS", seed=4, dim=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                         ff=512),
+    # IQ4_NL with odd block counts (rows of 96 and 160 values): llama.cpp repacks the matrices
+    # whose rows are a multiple of 8 and keeps K and V (36 rows) and the tied output in file
+    # layout, summed in vec_dot's (one token) and tinyBLAS's (a prompt) orders
+    "llama-iq4_nl": dict(arch="llama", weight_type="IQ4_NL", seed=5, tied=True, dim=96, n_heads=8, n_kv_heads=1,
+                         head_dim=36, ff=160),
+    # Q3_K; Q2_K repacked by llama.cpp where the rows are a multiple of 8 (its gemv and gemm
+    # orders), K and V (36 rows) in file layout (vec_dot, and the tiled matmul from 8 tokens)
+    "llama-q3_k": dict(arch="llama", weight_type="Q3_K", seed=6, dim=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                       ff=512),
+    "llama-q2_k": dict(arch="llama", weight_type="Q2_K", seed=7, dim=256, n_heads=64, n_kv_heads=1, head_dim=36,
+                       ff=512),
 }
+# families whose kernels change with the chunk's length also run a prompt of 8+ tokens
+LONG_PROMPT = "Yes, the quick brown fox is there."
+LONG_PROMPT_FAMILIES = ("llama-iq4_xs", "llama-iq4_nl", "llama-q3_k", "llama-q2_k")
 TEXTS = ["Hello world", " Hello world", "The quick brown fox jumps over the lazy dog.",
          "tabs\tand\nnew\n\nlines", "numbers 1234567890 and 3.14159", "it's don't we'll"]
 SPECIAL_TEXTS = {"qwen": "<|im_start|>user\nhi<|im_end|>", "phi3": "<|user|>\nhi<|end|>\n<|assistant|>",
@@ -64,7 +82,7 @@ N_CTX, N_GREEDY, TOP = 64, 16, 8
 SOURCE = "llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36, CPU build), greedy = argmax of logits"
 
 
-def family_reference(path: Path, recipe: dict) -> dict:
+def family_reference(name: str, path: Path, recipe: dict) -> dict:
     import llama_cpp
 
     llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, n_batch=N_CTX, n_threads=2, logits_all=True, flash_attn=False,
@@ -75,7 +93,7 @@ def family_reference(path: Path, recipe: dict) -> dict:
                tokenize=[], greedy=[])
     for text in TEXTS + [special]:
         out["tokenize"].append(dict(text=text, ids=llm.tokenize(text.encode(), add_bos=False, special=True)))
-    for prompt in PROMPTS:
+    for prompt in PROMPTS + ([LONG_PROMPT] if name in LONG_PROMPT_FAMILIES else []):
         ids = llm.tokenize(prompt.encode(), add_bos=add_bos, special=False)
         out["greedy"].append(dict(prompt=prompt, **greedy_run(llm, ids, N_GREEDY, stop_at_eog=False)))
     return out
@@ -90,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name, recipe in FAMILIES.items():
             path = make_tiny_model(Path(folder) / f"{name}.gguf", **recipe)
-            families[name] = family_reference(path, recipe)
+            families[name] = family_reference(name, path, recipe)
             print(name, families[name]["greedy"][0]["greedy_ids"], flush=True)
     data = {"source": SOURCE, "families": families}
     args.out.write_text(json.dumps(data, indent=1, ensure_ascii=False))

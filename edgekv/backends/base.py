@@ -132,6 +132,11 @@ class Backend(ABC):
     def project(self, w: Any, x: np.ndarray, out: np.ndarray) -> None:
         """out: f32[n_tok, n_rows] = x: f32[n_tok, n_cols] @ W^T."""
 
+    def tied_output(self, w: Any) -> None:
+        """Told at load time that the token embedding w is also the output projection (no
+        `output.weight`). llama.cpp then keeps it in file layout (embedding lookups read it),
+        which for some types (IQ4_NL) is another summation order. Nothing by default."""
+
     def share_input(self, ws: Sequence[Any]) -> None:
         """Told at load time that the weights ws multiply the same input (q/k/v, gate/up)
         in `project_many`: a backend may store them together. Nothing by default."""

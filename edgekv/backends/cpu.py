@@ -49,6 +49,9 @@ class CPUBackend(Backend):
         # type (the 32-value kernels, or the K-quants' integer sums) as kernel_map's table says
         return QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=self.use_int8dot, release=release, store=store)
 
+    def tied_output(self, w: QuantMatrix) -> None:
+        w.keep_file_order()
+
     def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
         w.rows(ids, out)
 

@@ -241,7 +241,8 @@ class CUDABackend(Backend):
     def weight(self, raw: np.ndarray, ggml_type: int, n_rows: int, n_cols: int,
                release: Callable[[np.ndarray], None] | None = None, store=None) -> DeviceMatrix:
         if ggml_type not in MATVEC:
-            raise EdgeKVError(f"the CUDA backend has no kernel for ggml type {ggml_type}; use --backend cpu")
+            raise EdgeKVError(f"the CUDA backend has no kernel for {T(int(ggml_type)).name} weights yet; "
+                              f"use --backend cpu")
         buf = self.device.weights(raw)
         if not buf.mapped and release is not None:
             release(raw)  # uploaded: the file's pages are not needed in RAM any more

@@ -17,6 +17,10 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | Q4_K Q5_K Q6_K            | int8 dot: gemm_k_ir.py whole-tile kernels  | gemm_k_ir.py, the same kernels:    | unpack.py tiles + BLAS            |
 |                           | (q8_K acts, llama.cpp's 3 orders); else    | llama.cpp's batch orders, exact    |                                   |
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
+| Q2_K Q3_K IQ4_NL IQ4_XS   | dot_k_low.py, dot_iq.py (q8_K / q8_0 acts, | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+|                           | llama.cpp's orders: repacked Q2_K/IQ4_NL,  |                                    |                                   |
+|                           | vec_dot, tinyBLAS, tiled); no int8 dot     |                                    |                                   |
+|                           | kernels yet                                |                                    |                                   |
 | F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
@@ -56,6 +60,8 @@ backend objects (backends/cpu.py).
 
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType as T
+
 from ..kernels.int8dot import HAS_INT8DOT, ISA, K_TYPES, TYPES as INT8DOT_TYPES
 
 BATCH_MIN_TOKENS = 64  # chunks at least this long take the batch path
@@ -91,6 +97,10 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
         if int8dot and HAS_INT8DOT:
             return f"{ISA.name} K-quant tiles (exact)", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
         exact = "dot_k lanes (exact)"
+    elif ggml_type in (T.IQ4_NL, T.IQ4_XS):
+        exact = "dot_iq lanes (exact)"
+    elif ggml_type in (T.Q2_K, T.Q3_K):
+        exact = "dot_k_low lanes (exact)"
     else:
         exact = "dot_float (exact)"
     return exact, "dequantized tiles + BLAS"

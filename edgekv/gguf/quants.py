@@ -27,6 +27,8 @@ Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integ
   Q4_1  20 B  [ d:f16 | m:f16 | qs:u8 x16 ]            x = d * code + m
   Q5_0  22 B  [ d:f16 | qh:u32 | qs:u8 x16 ]           x = d * (code - 16)
   Q5_1  24 B  [ d:f16 | m:f16 | qh:u32 | qs:u8 x16 ]   x = d * code + m
+  IQ4_NL 18 B [ d:f16 | qs:u8 x16 ]                    x = d * levels[code], 16 levels
+        {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 
   Super-blocks of 256 values ("K-quants"), sub-blocks with their own small scales.
   Q4_K 144 B  [ d:f16 | dmin:f16 | scales:u8 x12 | qs:u8 x128 ]
@@ -44,6 +46,17 @@ Bit layouts, as stored in a GGUF file (little-endian; "code" is the stored integ
           low 4 bits  = nibble (low if k < 2, else high) of ql[64h + 32(k % 2) + l]
           high 2 bits = bits 2k..2k+1 of qh[32h + l]
           scale index = 8h + 2k + l // 16
+  Q2_K  84 B  [ scales:u8 x16 | qs:u8 x64 | d:f16 | dmin:f16 ]
+  Q3_K 110 B  [ hmask:u8 x32 | qs:u8 x64 | scales:u8 x12 | d:f16 ]
+        16 sub-blocks of 16. Value 128n + 32j + l (n < 2, j < 4, l < 32): code bits 2j..2j+1
+        of qs[32n + l], sub-block s = 8n + 2j + l // 16. Q2_K: x = (d * (scales[s] & 15)) *
+        code - dmin * (scales[s] >> 4). Q3_K: code - 4 unless bit 4n + j of hmask[l] is set,
+        x = (d * (sc6[s] - 32)) * code; sc6[s] = nibble s // 8 of scales[s % 8] | bits
+        2 (s // 4).. of scales[8 + s % 4] << 4.
+  IQ4_XS 136 B [ d:f16 | scales_h:u16 | scales_l:u8 x4 | qs:u8 x128 ]
+        8 sub-blocks of 32, each an IQ4_NL block's codes (qs[16ib .. 16ib + 15]) under
+        x = (d * (ls[ib] - 32)) * levels[code]; the 6-bit ls[ib] = nibble ib % 2 of
+        scales_l[ib / 2] | bits 2ib..2ib+1 of scales_h << 4.
 """
 
 from __future__ import annotations
@@ -96,6 +109,10 @@ QUANT_TYPES: dict[int, QuantType] = {
         _record(T.Q4_K, 256, 144, "q8_K", (0, 2)),
         _record(T.Q5_K, 256, 176, "q8_K", (0, 2)),
         _record(T.Q6_K, 256, 210, "q8_K", (208,)),
+        _record(T.Q2_K, 256, 84, "q8_K", (80, 82)),
+        _record(T.Q3_K, 256, 110, "q8_K", (108,)),
+        _record(T.IQ4_NL, 32, 18, "q8_0", (0,)),
+        _record(T.IQ4_XS, 256, 136, "q8_K", (0,)),
     )
 }
 
@@ -116,7 +133,7 @@ def quant_type(ggml_type: int) -> QuantType:
 def row_nbytes(ggml_type: int, n: int) -> int:
     """Bytes of one row of n values (a weight type's or a cache format's); n must be a whole
     number of blocks."""
-    q = _KV_ONLY_FORMATS.get(int(ggml_type)) or quant_type(ggml_type)
+    q = quant_type(ggml_type)
     if n % q.block_size:
         raise UnsupportedModelError(
             f"a {q.name} row of {n} values is not a whole number of {q.block_size}-value blocks")
@@ -174,7 +191,6 @@ def non_finite_tensors(g: GGUFFile) -> dict[str, int]:
     return {name: n for name, n in found.items() if n}
 
 
-# IQ4_NL (llama.cpp's 4-bit non-linear blocks: 16 levels, one f16 scale) is a cache format
-# here, not a weight type the matvec kernels read
-IQ4_NL_FORMAT = _record(T.IQ4_NL, 32, 18, "q8_0", (0,))
-_KV_ONLY_FORMATS = {IQ4_NL_FORMAT.ggml_type: IQ4_NL_FORMAT}
+# IQ4_NL (llama.cpp's 4-bit non-linear blocks: 16 levels, one f16 scale) is a weight type
+# and a KV-cache format (kv/types.py)
+IQ4_NL_FORMAT = QUANT_TYPES[int(T.IQ4_NL)]

@@ -103,6 +103,30 @@ def dequant_row_iq4_nl(src, dst):
 
 
 @nb.njit(**EXACT_FLAGS)
+def iq4_xs_scale(src, o, ib):
+    # sub-block ib's 6-bit scale of the IQ4_XS block at o, minus 32: 4 low bits from
+    # scales_l (nibble ib % 2 of byte ib / 2), 2 high bits from the u16 scales_h (bits 2ib..)
+    lo = I32(I32(src[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 15
+    hi = I32(I32(src[o + 2 + ib // 4]) >> (2 * (ib % 4))) & 3
+    return I32(lo | I32(hi << 4)) - 32
+
+
+@nb.njit(**EXACT_FLAGS)
+def dequant_row_iq4_xs(src, dst):
+    # src: u8[n/256 * 136] {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}; sub-block ib
+    # (values 32ib..) has bytes qs[16ib..16ib+15] as IQ4_NL's: x = (d * (ls - 32)) * levels[q]
+    for b in range(dst.size // 256):
+        o = 136 * b
+        d = half_at(src, o)
+        for ib in range(8):
+            dl = F32(d * F32(iq4_xs_scale(src, o, ib)))
+            for j in range(16):
+                q = src[o + 8 + 16 * ib + j]
+                dst[256 * b + 32 * ib + j] = dl * IQ4_NL_LEVELS[q & 15]
+                dst[256 * b + 32 * ib + j + 16] = dl * IQ4_NL_LEVELS[q >> 4]
+
+
+@nb.njit(**EXACT_FLAGS)
 def dequant_row_q4_1(src, dst):
     # src: u8[n/32 * 20] blocks {f16 d; f16 m; u8 qs[16]}; x = d * q + m
     for b in range(dst.size // 32):
@@ -211,6 +235,49 @@ def dequant_row_q6_k(src, dst):
 
 
 @nb.njit(**EXACT_FLAGS)
+def q3_k_scale(src, o, s):
+    # the 6-bit scale of sub-block s of the Q3_K block at o (its 12 scale bytes at o + 96),
+    # minus 32: nibble s // 8 of byte s % 8, high bits 2 (s // 4).. of byte 8 + s % 4
+    low = I32(I32(src[o + 96 + s % 8]) >> (4 * (s // 8))) & 15
+    high = I32(I32(src[o + 104 + s % 4]) >> (2 * (s // 4))) & 3
+    return I32(low | I32(high << 4)) - 32
+
+
+@nb.njit(**EXACT_FLAGS)
+def dequant_row_q2_k(src, dst):
+    # src: u8[n/256 * 84] {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}; value 128n + 32j + l
+    # has code (qs[32n + l] >> 2j) & 3 in sub-block s = 8n + 2j + l // 16:
+    # x = (d * (scales[s] & 15)) * code - dmin * (scales[s] >> 4)
+    for b in range(dst.size // 256):
+        o = 84 * b
+        d, dmin = half_at(src, o + 80), half_at(src, o + 82)
+        for n in range(2):
+            for j in range(4):
+                for l in range(32):
+                    sc = I32(src[o + 8 * n + 2 * j + l // 16])
+                    code = I32(I32(src[o + 16 + 32 * n + l]) >> (2 * j)) & 3
+                    dst[256 * b + 128 * n + 32 * j + l] = F32(d * F32(sc & 15)) * F32(code) - F32(dmin * F32(sc >> 4))
+
+
+@nb.njit(**EXACT_FLAGS)
+def dequant_row_q3_k(src, dst):
+    # src: u8[n/256 * 110] {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}; value 128n + 32j + l:
+    # low bits (qs[32n + l] >> 2j) & 3, minus 4 unless bit 4n + j of hmask[l] is set;
+    # x = (d * (sc6[s] - 32)) * code, s = 8n + 2j + l // 16
+    for b in range(dst.size // 256):
+        o = 110 * b
+        d = half_at(src, o + 108)
+        for n in range(2):
+            for j in range(4):
+                for l in range(32):
+                    code = I32(I32(src[o + 32 + 32 * n + l]) >> (2 * j)) & 3
+                    if (I32(src[o + l]) >> (4 * n + j)) & 1 == 0:
+                        code -= 4
+                    dl = F32(d * F32(q3_k_scale(src, o, 8 * n + 2 * j + l // 16)))
+                    dst[256 * b + 128 * n + 32 * j + l] = dl * F32(code)
+
+
+@nb.njit(**EXACT_FLAGS)
 def dequant_row(src, ggml_type, dst):
     # one row of any supported type (ggml type ids); unknown ids are rejected by gguf/quants.py
     if ggml_type == T.F32:
@@ -237,6 +304,12 @@ def dequant_row(src, ggml_type, dst):
         dequant_row_bf16(src, dst)
     elif ggml_type == T.IQ4_NL:
         dequant_row_iq4_nl(src, dst)
+    elif ggml_type == T.IQ4_XS:
+        dequant_row_iq4_xs(src, dst)
+    elif ggml_type == T.Q2_K:
+        dequant_row_q2_k(src, dst)
+    elif ggml_type == T.Q3_K:
+        dequant_row_q3_k(src, dst)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))

@@ -34,11 +34,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from ..errors import UnsupportedModelError
 from ..gguf.quants import quant_type, row_nbytes
 from . import config
 from .config import LANES, max_threads
+from .dot_iq import FILE_LAYOUT, ORDER_CHUNK
 from .dot_k import INT8DOT, ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from .repack import repack
 from .activations import quantize_acts, quantize_acts_k
@@ -48,6 +50,11 @@ from .matvec_drivers import (N_ACC, N_ISUM, matvec_int8dot, matvec_int8dot_rows,
 
 
 TILE_BYTES = 4 << 20  # float32 tile handed to BLAS per step of matmul
+# types llama.cpp's x86 (AVX-512) build repacks only when the rows are a multiple of 8 (and
+# not for a tied output), summing the others in other orders. Q4_K is such a type too, but
+# its file-layout orders (vec_dot_q4_K, tiled) are not followed here yet: a tied Q4_K output
+# or Q4_K rows not a multiple of 8 sum as the repacked gemv does (no published file seen)
+_REPACKED_BY_LLAMA = (int(T.IQ4_NL), int(T.Q2_K))
 
 
 _scratch = threading.local()
@@ -128,10 +135,20 @@ class QuantMatrix:
         # (dot_k_ir.py): the INT8DOT flag
         k_int8dot = on_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
         self._k_flags = INT8DOT if k_int8dot else 0
+        # llama.cpp repacks an IQ4_NL or Q2_K weight whose rows are a multiple of 8 and keeps
+        # the others in file layout, where it sums in other orders (dot_iq.py, dot_k_low.py)
+        self._layout = FILE_LAYOUT if q.ggml_type in _REPACKED_BY_LLAMA and self.n_rows % 8 else 0
         padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
         self.stack = None  # its row_stack.RowStack or KStack, set by the backend's share_input
+
+    def keep_file_order(self) -> None:
+        """Sum as llama.cpp does a weight it keeps in file layout, not repacked (a tied
+        output projection, which embedding lookups also read): for IQ4_NL and Q2_K vec_dot's
+        orders, not the repacked gemv's (dot_iq.py, dot_k_low.py). Other types sum alike."""
+        if self.ggml_type in _REPACKED_BY_LLAMA:
+            self._layout = FILE_LAYOUT
 
     @property
     def sums_on_int8dot(self) -> bool:
@@ -162,7 +179,7 @@ class QuantMatrix:
             return
         run = matvec_lanes if self.n_rows * self.n_cols >= config.PARALLEL_MIN_WEIGHTS else matvec_serial
         run(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w,
-            self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order | self._k_flags)
+            self._xq, self._xd, self._xsum, self._xf, self._acc, self._isum, out, order | self._k_flags | self._layout)
 
     def matvec_rows(self, x: np.ndarray, out: np.ndarray) -> None:
         """out[t] = W @ x[t] for rows that are separate sequences' tokens, each exactly as
@@ -180,7 +197,7 @@ class QuantMatrix:
             return
         xf = thread_scratch("rows_xf", n_tok * self._xf.size).reshape((n_tok,) + self._xf.shape)
         matvec_lanes_rows(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w, xq, xd, xsum, xf,
-                          self._acc, self._isum, out, ORDER_GEMV | self._k_flags)
+                          self._acc, self._isum, out, ORDER_GEMV | self._k_flags | self._layout)
 
     def matmul_exact(self, x: np.ndarray, out: np.ndarray) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T as llama.cpp computes a small batch,
@@ -198,9 +215,9 @@ class QuantMatrix:
             self.matvec_rows(x, out)
             return
         n_gemm = n_tok - n_tok % 4
-        tiled = ORDER_TILED if n_tok >= 8 else 0
+        batch = (ORDER_TILED if n_tok >= 8 else 0) | (ORDER_CHUNK if n_tok >= 2 else 0)
         for t in range(n_tok):
-            self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | tiled)
+            self.matvec(x[t], out[t], (ORDER_GEMM if t < n_gemm else ORDER_GEMV) | batch)
 
     def matmul_batch(self, x: np.ndarray, out: np.ndarray, acts: tuple | None = None) -> None:
         """out[n_tok, n_rows] = x[n_tok, n_cols] @ W^T for a long chunk, reading the weight

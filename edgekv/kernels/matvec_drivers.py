@@ -5,7 +5,7 @@ What lives here: one token (`matvec_lanes`, `matvec_serial`, and on the int8 dot
 `matvec_int8dot`, `matvec_k_int8dot`, `matvec_k_many`: several K-quant weights at once), separate sequences' tokens (`matvec_lanes_rows`,
 `matvec_int8dot_rows`), float tiles and rows for BLAS and embedding lookups
 (`unpack_tile`, `unpack_rows`), and the activation preparation they share. What does not:
-the per-type arithmetic (dot_q.py, dot_k.py, int8dot.py, unpack.py), choosing among them
+the per-type arithmetic (dot_q.py, dot_k.py, dot_k_low.py, dot_iq.py, int8dot.py, unpack.py), choosing among them
 (QuantMatrix), the scratch they are handed (QuantMatrix, thread_scratch).
 """
 
@@ -17,14 +17,16 @@ from gguf import GGMLQuantizationType as T
 
 from . import activations as act
 from .config import EXACT_FLAGS, JIT_FLAGS, PARALLEL_FLAGS
+from .dot_iq import dot_iq4_nl, dot_iq4_xs
 from .dot_k import dot_q4_k, dot_q6_k
+from .dot_k_low import dot_q2_k, dot_q3_k
 from .dot_q import dot_blocks
 from .fp16 import bf16_to_f32, f16_to_f32
 from .int8dot import k_gemm_chunks, k_gemv_many, matvec_chunks, matvec_chunks_rows
 from .unpack import unpack_group
 
 N_ISUM = 25  # int32 lane scratch rows the dot kernels need (dot_q6_k: 16 runs, 8 lanes, a total)
-N_ACC = 10  # float32 scratch rows: the result, 8 SIMD-lane accumulators, one more sum
+N_ACC = 19  # float32 scratch rows: the result, two sets of 8 SIMD-lane accumulators, more sums (dot_iq.py)
 
 
 @nb.njit(**JIT_FLAGS)
@@ -74,6 +76,14 @@ def matvec_group(kind, qs, qh, sc, d, w, xq, xd, xsum, xf, acc, isum, out, order
         dot_q4_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
     elif kind == T.Q6_K:
         dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
+    elif kind == T.IQ4_NL:
+        dot_iq4_nl(qs, d, xq, xd, g, acc, isum, order)
+    elif kind == T.IQ4_XS:
+        dot_iq4_xs(qs, sc, d, xq, xd, g, acc, isum, order)
+    elif kind == T.Q3_K:
+        dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order)
+    elif kind == T.Q2_K:
+        dot_q2_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order)
     else:
         dot_float(kind, w, d, xf, g, acc)
     for r in range(min(R, out.shape[0] - g * R)):

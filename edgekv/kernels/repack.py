@@ -14,9 +14,13 @@ lane's four products come from one load and LLVM sums them with 16-bit multiply-
 (vpmaddwd / vpdpwssd). For a group g, block b:
 
     qs[g, b, i, r]   word i of the block's codes, row g*R + r        u32[G, NB, Q/4, R]
-    qh[g, b, i, r]   word i of the high bits (Q5_*, Q5_K, Q6_K)       u32[G, NB, H/4, R]
+    qh[g, b, i, r]   word i of the high bits (Q5_*, Q5_K, Q6_K; Q3_K's
+                     hmask)                                           u32[G, NB, H/4, R]
     sc[g, b, i, r]   sub-block scale i (K-quants; Q4_K/Q5_K: 8 scales
-                     then 8 mins, unpacked from 6 bits; Q6_K: int8)   u8[G, NB, S, R]
+                     then 8 mins, unpacked from 6 bits; Q6_K: int8;
+                     Q3_K: 16 six-bit, value - 32; Q2_K: the file's
+                     bytes, scale | min << 4; IQ4_XS: the 8 six-bit
+                     ls, value ls - 32)                                u8[G, NB, S, R]
     d[g, b, i, r]    f16 bits of the block scales: (d,) or (d, m) or
                      (d, dmin)                                        u16[G, NB, D, R]
 
@@ -44,6 +48,10 @@ _FIELDS: dict[int, dict[str, tuple[int, int]]] = {
     int(T.Q4_K): {"d": (0, 4), "sc": (4, 12), "qs": (16, 128)},
     int(T.Q5_K): {"d": (0, 4), "sc": (4, 12), "qh": (16, 32), "qs": (48, 128)},
     int(T.Q6_K): {"qs": (0, 128), "qh": (128, 64), "sc": (192, 16), "d": (208, 2)},
+    int(T.Q2_K): {"sc": (0, 16), "qs": (16, 64), "d": (80, 4)},
+    int(T.Q3_K): {"qh": (0, 32), "qs": (32, 64), "sc": (96, 12), "d": (108, 2)},
+    int(T.IQ4_NL): {"d": (0, 2), "qs": (2, 16)},
+    int(T.IQ4_XS): {"d": (0, 2), "sc": (2, 6), "qs": (8, 128)},
 }
 FLOAT_TYPES = (int(T.F32), int(T.F16), int(T.BF16))
 CHUNK_BYTES = 8 << 20  # file bytes repacked per step
@@ -74,6 +82,28 @@ def unpack_k4_scales(s: np.ndarray) -> np.ndarray:
     return np.concatenate([sc, mn], axis=-1).astype(np.uint8)
 
 
+def unpack_q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K packed scales u8[..., 12] -> the 16 six-bit sub-block scales (value - 32) as
+    u8[..., 16]: sub-block i's low 4 bits are nibble i // 8 of byte i % 8, its high 2 bits
+    bits 2 (i // 4).. of byte 8 + i % 4."""
+    out = np.empty(s.shape[:-1] + (16,), np.uint8)
+    for i in range(16):
+        low = (s[..., i % 8] >> (4 * (i // 8))) & 0xF
+        out[..., i] = low | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
+    return out
+
+
+def unpack_iq4_xs_scales(s: np.ndarray) -> np.ndarray:
+    """IQ4_XS scale bytes u8[..., 6] (scales_h: u16, scales_l: u8[4]) -> the 8 six-bit
+    sub-block scales ls (0..63; the value is ls - 32) as u8[..., 8]."""
+    high = s[..., 0].astype(np.uint16) | (s[..., 1].astype(np.uint16) << 8)
+    out = np.empty(s.shape[:-1] + (8,), np.uint8)
+    for ib in range(8):
+        low = (s[..., 2 + ib // 2] >> (4 * (ib % 2))) & 0xF
+        out[..., ib] = low | (((high >> (2 * ib)) & 3) << 4).astype(np.uint8)
+    return out
+
+
 def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) -> dict[str, np.ndarray]:
     """File rows u8[n, row_nbytes] -> each field as [n, NB, X] (F32/F16/BF16: NB = n_cols, X = 1)."""
     n = rows.shape[0]
@@ -90,7 +120,11 @@ def row_fields(rows: np.ndarray, ggml_type: int, n_cols: int, type_size: int) ->
             part = part.view("<u2")
         elif name in ("qs", "qh"):  # bytes 4i..4i+3 -> word i, little-endian as in the file
             part = part.view("<u4")
-        elif name == "sc" and ggml_type != int(T.Q6_K):
+        elif name == "sc" and ggml_type == int(T.IQ4_XS):
+            part = unpack_iq4_xs_scales(part)
+        elif name == "sc" and ggml_type == int(T.Q3_K):
+            part = unpack_q3_k_scales(part)
+        elif name == "sc" and ggml_type in (int(T.Q4_K), int(T.Q5_K)):
             part = unpack_k4_scales(part)
         fields[name] = part
     return fields

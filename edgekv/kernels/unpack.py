@@ -17,9 +17,11 @@ from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
 from .fp16 import bf16_to_f32, f16_to_f32
+from .quantize import IQ4_NL_LEVELS
 
 F32 = np.float32
 I32 = np.int32
+LEVELS = IQ4_NL_LEVELS.astype(np.int32)
 
 
 # Each kernel writes lanes r0..r1-1 of group g; lane r0 + i goes to column c0 + i. The
@@ -107,6 +109,58 @@ def unpack_q6_k(qs, qh, sc, d, g, r0, r1, tile, c0):
 
 
 @nb.njit(**EXACT_FLAGS)
+def unpack_q2_q3(qs, qh, sc, d, g, r0, r1, tile, c0):
+    # Q2_K (qh empty) and Q3_K: tile[256b + 128n + 32j + l, c0 + lane]; the code's 2 bits
+    # at 2j of byte l % 4 of word 8n + l / 4, Q3_K's third bit 4n + j of that byte of hmask word l / 4
+    n_lanes = r1 - r0
+    q3 = qh.shape[2] > 0
+    for b in range(qs.shape[1]):
+        dw, dm = d[g, b, 0, r0:r1], d[g, b, d.shape[2] - 1, r0:r1]
+        for n in range(2):
+            for j in range(4):
+                for l in range(32):
+                    out, q = tile[256 * b + 128 * n + 32 * j + l, c0:c0 + n_lanes], qs[g, b, 8 * n + l // 4, r0:r1]
+                    s = sc[g, b, 8 * n + 2 * j + l // 16, r0:r1]
+                    sh = 8 * (l & 3) + 2 * j
+                    if q3:
+                        h, bit = qh[g, b, l // 4, r0:r1], 8 * (l & 3) + 4 * n + j
+                        for i in range(n_lanes):
+                            code = I32(I32(I32(q[i]) >> sh) & 3) - (0 if (I32(I32(h[i]) >> bit) & 1) != 0 else 4)
+                            out[i] = F32(f16_to_f32(dw[i]) * F32(I32(s[i]) - 32)) * F32(code)
+                    else:
+                        for i in range(n_lanes):
+                            code = I32(I32(I32(q[i]) >> sh) & 3)
+                            out[i] = (F32(f16_to_f32(dw[i]) * F32(I32(s[i]) & 15)) * F32(code)
+                                      - F32(f16_to_f32(dm[i]) * F32(I32(s[i]) >> 4)))
+
+
+@nb.njit(**EXACT_FLAGS)
+def unpack_iq4(qs, sc, d, g, r0, r1, tile, c0):
+    # IQ4_NL (sc empty: blocks of 32, x = d * level) and IQ4_XS (sc: the 8 ls of a
+    # super-block, x = (d * (ls - 32)) * level): tile[32 sb + j, c0 + lane] for 32-value
+    # sub-block sb, whose codes are words 4 sb .. 4 sb + 3 of its (super-)block
+    n = r1 - r0
+    xs = sc.shape[2] > 0
+    per = 8 if xs else 1  # 32-value sub-blocks per block
+    dl = np.empty(n, np.float32)
+    for b in range(qs.shape[1]):
+        dw = d[g, b, 0, r0:r1]
+        for ib in range(per):
+            if xs:
+                ls = sc[g, b, ib, r0:r1]
+                for i in range(n):
+                    dl[i] = F32(f16_to_f32(dw[i]) * F32(I32(ls[i]) - 32))
+            else:
+                for i in range(n):
+                    dl[i] = f16_to_f32(dw[i])
+            for j in range(32):
+                out, q = tile[32 * (per * b + ib) + j, c0:c0 + n], qs[g, b, 4 * ib + ((j & 15) >> 2), r0:r1]
+                sh = 8 * (j & 3) + 4 * (j >> 4)
+                for i in range(n):
+                    out[i] = dl[i] * F32(LEVELS[I32(I32(q[i]) >> sh) & 15])
+
+
+@nb.njit(**EXACT_FLAGS)
 def unpack_float(kind, w, d, g, r0, r1, tile, c0):
     # F32 (w: f32[G, n, R]) or F16/BF16 (d: u16[G, n, 1, R], the bits): tile[j, c0 + lane]
     n = r1 - r0
@@ -133,5 +187,9 @@ def unpack_group(kind, qs, qh, sc, d, w, g, r0, r1, tile, c0):
         unpack_float(kind, w, d, g, r0, r1, tile, c0)
     elif kind == T.Q8_0:
         unpack_q8_0(qs, d, g, r0, r1, tile, c0)
+    elif kind == T.IQ4_NL or kind == T.IQ4_XS:
+        unpack_iq4(qs, sc, d, g, r0, r1, tile, c0)
+    elif kind == T.Q2_K or kind == T.Q3_K:
+        unpack_q2_q3(qs, qh, sc, d, g, r0, r1, tile, c0)
     else:
         unpack_q4_q5(kind, qs, qh, d, g, r0, r1, tile, c0)

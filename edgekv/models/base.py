@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ..backends import Backend
 from ..backends.contract import Scratch
@@ -123,6 +124,19 @@ def check_shapes(g: GGUFFile, arch: str, hp: dict, tokens) -> dict:
     return hp
 
 
+def unsupported_type_message(path, name: str, ggml_type: int) -> str:
+    """What to say of a tensor whose type no kernel here reads: its name and type, what
+    is supported, and how to make a file that loads."""
+    try:
+        label = GGMLQuantizationType(int(ggml_type)).name
+    except ValueError:
+        label = f"unknown ggml type {int(ggml_type)}"
+    supported = ", ".join(q.name for q in QUANT_TYPES.values())
+    return (f"{path}: tensor {name!r} is {label}, which edgekv cannot run yet (it runs {supported}); "
+            f"use the model's Q4_K_M, IQ4_XS or Q8_0 file, or make one from its F16 GGUF: "
+            f"`edgekv quantize MODEL-F16.gguf MODEL-Q4_K_M.gguf Q4_K_M`")
+
+
 class WeightLoader:
     """Fetches named tensors, checking shape and type before any kernel sees them; the
     backend makes each matrix its own (`Backend.weight`)."""
@@ -137,9 +151,7 @@ class WeightLoader:
             raise GGUFError(f"{self.g.path}: tensor {name!r} has shape {list(info.shape)}, "
                             f"expected {list(shape)} from the model's hyperparameters")
         if info.ggml_type not in QUANT_TYPES:
-            supported = ", ".join(q.name for q in QUANT_TYPES.values())
-            raise UnsupportedModelError(f"{self.g.path}: tensor {name!r} has ggml type {info.ggml_type}, "
-                                        f"which edgekv does not support (supported: {supported})")
+            raise UnsupportedModelError(unsupported_type_message(self.g.path, name, info.ggml_type))
         return info
 
     def has(self, name: str) -> bool:
@@ -176,8 +188,10 @@ class WeightLoader:
         no `output.weight` (tied)."""
         tok_embd = self.matrix("token_embd.weight", hp.dim, hp.n_vocab)
         output_norm = self.vector("output_norm.weight", hp.dim)
-        output = self.matrix("output.weight", hp.dim, hp.n_vocab) if self.has("output.weight") else tok_embd
-        return tok_embd, output_norm, output
+        if self.has("output.weight"):
+            return tok_embd, output_norm, self.matrix("output.weight", hp.dim, hp.n_vocab)
+        self.backend.tied_output(tok_embd)
+        return tok_embd, output_norm, tok_embd
 
 
 class Decoder:

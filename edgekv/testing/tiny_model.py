@@ -8,15 +8,16 @@ window and Llama 2's SentencePiece), a real (synthetic) tokenizer of its family
 activations stay O(1) through the layers. Norm weights stay F32 as in real GGUFs; the
 matrices take the requested type. What does not live here: reading GGUFs (edgekv/gguf/reader.py)
 and the reference block formats (edgekv/gguf/quants.py). It needs only numpy, `gguf` and
-testing/tiny_vocab.py (no other edgekv module): tests build their models with it, `edgekv warmup` compiles the
+testing/tiny_vocab.py and tiny_quants.py (no other edgekv module): tests build their models with
+it, `edgekv warmup` compiles the
 kernels on its models, and tools/make_tiny_model.py is its command line.
 
 Quantization: F16 by numpy; BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 by `gguf.quants.quantize`;
-Q4_K, Q5_K and Q6_K, which that package can only dequantize, by the simple (not
-error-minimizing) quantizers below, laid out exactly as `gguf.quants` reads them. Like
-llama.cpp, a K-type request falls back per tensor when a row is not a multiple of 256
-(Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); so use dim=256, ff=512, n_heads*head_dim=256
-to get K-type blocks in every matrix.
+Q2_K-Q6_K, IQ4_NL and IQ4_XS, which that package can only dequantize, by the simple
+(not error-minimizing) quantizers of testing/tiny_quants.py, laid out exactly as `gguf.quants`
+reads them. Like llama.cpp, a 256-value type request falls back per tensor when a row is
+not a multiple of 256 (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL);
+so use dim=256, ff=512, n_heads*head_dim=256 to get 256-value blocks in every matrix.
 
     python tools/make_tiny_model.py tiny.gguf --arch gemma3 --type Q8_0
     python -m edgekv.testing.tiny_model tiny.gguf --arch gemma3 --type Q8_0
@@ -32,11 +33,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize
 
+from .tiny_quants import K_QUANTIZERS, quantize_iq4_nl
 from .tiny_vocab import add_tokenizer, vocab_for
 
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-FILE_TYPES = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}  # else MOSTLY_<type>
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS")
+K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
+FILE_TYPES = {"F32": "ALL_F32", "Q3_K": "MOSTLY_Q3_K_S", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}  # else MOSTLY_<type>
 ARCH_DEFAULTS = {
     "llama": dict(n_layers=2, rope_theta=10000.0, norm_eps=1e-5, tied=False),
     "mistral": dict(n_layers=2, rope_theta=10000.0, norm_eps=1e-5, tied=False, sliding_window=8),
@@ -47,76 +50,6 @@ ARCH_DEFAULTS = {
 }
 GGUF_ARCH = {"mistral": "llama"}  # families written under another architecture's name
 OVERRIDES = ("tied", "rope_theta", "norm_eps", "sliding_window", "embd_type", "metadata", "rope_dims", "longrope")
-# --- K-quant blocks (256 values per block) ----------------------------------------------------
-
-
-def _pack_scales_k4(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """8 six-bit scales and mins per block -> the 12-byte field of Q4_K/Q5_K: bytes 0-3 hold
-    sc[0:4] (+ the top 2 bits of sc[4:8] in bits 6-7), bytes 4-7 the same for the mins,
-    bytes 8-11 the low nibbles of sc[4:8] (bits 0-3) and mn[4:8] (bits 4-7)."""
-    out = np.empty((sc.shape[0], 12), np.uint8)
-    out[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
-    out[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
-    out[:, 8:12] = (sc[:, 4:] & 0xF) | ((mn[:, 4:] & 0xF) << 4)
-    return out
-
-
-def _affine_codes(blocks: np.ndarray, nmax: int):
-    """x ~ d*sc[j]*q - dmin*mn[j] over 8 sub-blocks of 32, q in 0..nmax, sc and mn 6-bit."""
-    sub = blocks.reshape(len(blocks), 8, 32)
-    lo = np.minimum(sub.min(-1), 0.0)
-    step, offset = (sub.max(-1) - lo) / nmax, -lo  # (n_blocks, 8)
-    d = (step.max(-1) / 63).astype(np.float16)
-    dmin = (offset.max(-1) / 63).astype(np.float16)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.nan_to_num(np.rint(step / d.astype(np.float32)[:, None])).clip(0, 63).astype(np.uint8)
-        mn = np.nan_to_num(np.rint(offset / dmin.astype(np.float32)[:, None])).clip(0, 63).astype(np.uint8)
-        scale = (d.astype(np.float32)[:, None] * sc)[..., None]
-        shift = (dmin.astype(np.float32)[:, None] * mn)[..., None]
-        q = np.nan_to_num(np.rint((sub + shift) / scale)).clip(0, nmax).astype(np.uint8)
-    return d, dmin, sc, mn, q  # q: (n_blocks, 8, 32)
-
-
-def _nibbles(q: np.ndarray) -> np.ndarray:
-    """Codes of 8 sub-blocks -> 128 bytes: byte l of chunk c = q[2c][l] | q[2c+1][l] << 4."""
-    return ((q[:, 0::2] & 0xF) | ((q[:, 1::2] & 0xF) << 4)).reshape(len(q), 128)
-
-
-def quantize_q4_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) f32 -> (n, 144) bytes: d f16 | dmin f16 | scales[12] | qs[128]."""
-    d, dmin, sc, mn, q = _affine_codes(blocks, 15)
-    return np.hstack([d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_scales_k4(sc, mn), _nibbles(q)])
-
-
-def quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) f32 -> (n, 176) bytes: d | dmin | scales[12] | qh[32] | qs[128]; bit j of
-    qh[l] is the fifth bit of value l of sub-block j."""
-    d, dmin, sc, mn, q = _affine_codes(blocks, 31)
-    qh = sum(((q[:, j, :] >> 4) & 1) << j for j in range(8)).astype(np.uint8)
-    head = [d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), _pack_scales_k4(sc, mn)]
-    return np.hstack(head + [qh, _nibbles(q)])
-
-
-def quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
-    """(n, 256) f32 -> (n, 210) bytes: ql[128] | qh[64] | scales[16] int8 | d f16; x ~ d*sc[i]*(u-32)
-    over 16 sub-blocks of 16. Per half h of 128 values: ql[64h+b] holds the low nibbles of
-    values b and 64+b; bits 2s..2s+1 of qh[32h+l] are the top bits of value 32s+l."""
-    n = len(blocks)
-    sub = blocks.reshape(n, 16, 16)
-    step = np.abs(sub).max(-1) / 31
-    d = (step.max(-1) / 127).astype(np.float16)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.nan_to_num(np.rint(step / d.astype(np.float32)[:, None])).clip(-128, 127).astype(np.int8)
-        scale = (d.astype(np.float32)[:, None] * sc)[..., None]
-        u = (np.nan_to_num(np.rint(sub / scale)).clip(-32, 31) + 32).astype(np.uint8).reshape(n, 2, 128)
-    ql = ((u[:, :, :64] & 0xF) | ((u[:, :, 64:] & 0xF) << 4)).reshape(n, 128)
-    top = (u >> 4).reshape(n, 2, 4, 32)
-    qh = sum(top[:, :, s, :] << (2 * s) for s in range(4)).astype(np.uint8).reshape(n, 64)
-    return np.hstack([ql, qh, sc.view(np.uint8), d[:, None].view(np.uint8)])
-
-
-K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
-
 
 def encode(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQuantizationType | None]:
     """(ne1, ne0) f32 -> what GGUFWriter.add_tensor takes: an array and, for packed types, its raw dtype."""
@@ -125,10 +58,11 @@ def encode(values: np.ndarray, type_name: str) -> tuple[np.ndarray, GGMLQuantiza
     if type_name == "F16":
         return values.astype(np.float16), None
     qtype = GGMLQuantizationType[type_name]
-    if type_name in K_QUANTIZERS:
+    if type_name in K_QUANTIZERS or type_name == "IQ4_NL":
         rows, ne0 = values.shape
-        packed = K_QUANTIZERS[type_name](values.astype(np.float32).reshape(-1, 256))
-        return packed.reshape(rows, (ne0 // 256) * packed.shape[1]), qtype
+        block = 32 if type_name == "IQ4_NL" else 256
+        packed = (quantize_iq4_nl if block == 32 else K_QUANTIZERS[type_name])(values.astype(np.float32).reshape(-1, block))
+        return packed.reshape(rows, (ne0 // block) * packed.shape[1]), qtype
     return quantize(values.astype(np.float32), qtype), qtype
 
 

@@ -34,6 +34,10 @@ SCALES = {
     T.Q4_K: lambda: (SPREAD / (63 * 15), 7.5 * SPREAD / (63 * 15)),  # x = d sc q - dmin mn; sc, mn in 0..63
     T.Q5_K: lambda: (SPREAD / (63 * 31), 15.5 * SPREAD / (63 * 31)),
     T.Q6_K: lambda: (SPREAD / (127 * 32),),  # x = d sc (q - 32); sc an int8
+    T.Q2_K: lambda: (SPREAD / 45, 1.5 * SPREAD / 45),  # x = d sc q - dmin mn; sc, mn in 0..15, q in 0..3
+    T.Q3_K: lambda: (SPREAD / (32 * 4),),  # x = d (sc - 32) q; sc in 0..63, q in -4..3
+    T.IQ4_NL: lambda: (SPREAD / 127,),  # x = d level; levels -127..113
+    T.IQ4_XS: lambda: (SPREAD / (32 * 127),),  # x = d (ls - 32) level; ls in 0..63
 }
 FLOATS = {T.F32: np.float32, T.F16: np.float16}
 BIG = 1 << 36  # a sparse length past any header's tensor data, to read the directory from

@@ -17,7 +17,8 @@ from edgekv.gguf import quants
 
 # byte offsets of the f16 scales inside one block of each quantized type
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
-                 "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+                 "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
 ALL_TYPES = sorted(quants.QUANT_TYPES)
 
 
