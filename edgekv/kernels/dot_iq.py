@@ -76,8 +76,8 @@ def iq4_lane_sums(qs, g, b, w0, xq, x0, s8):
 
 
 @nb.njit(**EXACT_FLAGS)
-def _block_total(s8, tot):
-    # tot[r] = the block's integer sum (the lanes partition it exactly)
+def lane_total(s8, tot):
+    # tot[r] = the sum of the 8 lanes s8[:, r]: a block's integer sum (the lanes partition it)
     tot[:] = 0
     for j in range(8):
         for r in range(tot.shape[0]):
@@ -101,7 +101,7 @@ def dot_iq4_nl(qs, d, xq, xd, g, acc, isum, order):
         for r in range(R):
             scale[r] = F32(f16_to_f32(dw[r]) * xd[b, 0])
         if not file_layout:  # the repacked gemv/gemm: one FMA per block, no lanes
-            _block_total(s8, tot)
+            lane_total(s8, tot)
             for r in range(R):
                 acc[0, r] = fma(F32(tot[r]), scale[r], acc[0, r])
         elif two and b % 2 == 1:
@@ -118,7 +118,7 @@ def dot_iq4_nl(qs, d, xq, xd, g, acc, isum, order):
     if paired < n_blocks:  # vec_dot's scalar tail: an odd last block
         b = n_blocks - 1
         iq4_lane_sums(qs, g, b, 0, xq[b], 0, s8)
-        _block_total(s8, tot)
+        lane_total(s8, tot)
         dw = d[g, b, 0]
         for r in range(R):
             acc[0, r] = fma(F32(f16_to_f32(dw[r]) * xd[b, 0]), F32(tot[r]), acc[0, r])
@@ -143,7 +143,7 @@ def dot_iq4_xs(qs, sc, d, xq, xd, g, acc, isum, order):
                     lanes[j, r] = I32(lanes[j, r] + I32(I32(ls[r]) - 32) * s8[j, r])
         dx, dw = xd[b, 0], d[g, b, 0]
         if tiled:
-            _block_total(lanes, tot)
+            lane_total(lanes, tot)
             tiled_accumulate(dw, dx, tot, acc)
         else:
             for r in range(R):

@@ -40,7 +40,7 @@ import numba as nb
 import numpy as np
 
 from .config import JIT_FLAGS
-from .dot_iq import FILE_LAYOUT
+from .dot_iq import FILE_LAYOUT, lane_total
 from .dot_k import ORDER_GEMM, ORDER_TILED, tiled_accumulate
 from .dot_q import lanes_fma, lanes_hsum
 from .fp16 import f16_to_f32
@@ -99,14 +99,6 @@ def scale_lanes(sc, g, b, n, j, s8, lanes, q2):
 
 
 @nb.njit(**JIT_FLAGS)
-def _total(lanes, tot):
-    tot[:] = 0
-    for k in range(8):
-        for r in range(tot.shape[0]):
-            tot[r] = I32(tot[r] + lanes[k, r])
-
-
-@nb.njit(**JIT_FLAGS)
 def dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order):
     # qs: u32[G, NSB, 16, R]; qh: u32[G, NSB, 8, R] (hmask); sc: u8[G, NSB, 16, R] (6-bit,
     # value - 32); d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; acc: f32[N_ACC, R]
@@ -122,7 +114,7 @@ def dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order):
                 scale_lanes(sc, g, b, n, j, s8, lanes, False)
         dx, dw = xd[b, 0], d[g, b, 0]
         if tiled:
-            _total(lanes, tot)
+            lane_total(lanes, tot)
             tiled_accumulate(dw, dx, tot, acc)
         else:
             for r in range(R):
@@ -161,18 +153,18 @@ def dot_q2_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
                 group_lanes(qs, qh, g, b, n, j, xq, s8)
                 scale_lanes(sc, g, b, n, j, s8, lanes, True)
             if per_half:  # the repacked gemm: two FMAs per 128-value half
-                _total(lanes, tot)
+                lane_total(lanes, tot)
                 q2_mins(sc, g, b, 8 * n, 8 * n + 8, xsum, mins)
                 _repacked_fmas(dw, dm, dx, tot, mins, acc)
                 lanes[:] = 0
         if per_half:
             continue
         if not file_layout:  # the repacked gemv: two FMAs per super-block
-            _total(lanes, tot)
+            lane_total(lanes, tot)
             q2_mins(sc, g, b, 0, 16, xsum, mins)
             _repacked_fmas(dw, dm, dx, tot, mins, acc)
         elif tiled:
-            _total(lanes, tot)
+            lane_total(lanes, tot)
             q2_mins(sc, g, b, 0, 16, xsum, mins)
             for r in range(R):
                 part = fma(-f16_to_f32(dm[r]), F32(mins[r]), F32(F32(tot[r]) * f16_to_f32(dw[r])))
