@@ -135,7 +135,7 @@ class Backend(ABC):
     def tied_output(self, w: Any) -> None:
         """Told at load time that the token embedding w is also the output projection (no
         `output.weight`). llama.cpp then keeps it in file layout (embedding lookups read it),
-        which for some types (IQ4_NL) is another summation order. Nothing by default."""
+        which for some types (IQ4_NL, Q2_K) is another summation order. Nothing by default."""
 
     def share_input(self, ws: Sequence[Any]) -> None:
         """Told at load time that the weights ws multiply the same input (q/k/v, gate/up)
