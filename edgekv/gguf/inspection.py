@@ -49,6 +49,9 @@ class ShapesOnly(CPUBackend):
     def share_input(self, ws) -> None:
         pass  # no data to store together
 
+    def tied_output(self, w) -> None:
+        pass  # no products to order
+
 
 def _shown(value: Any) -> Any:
     """A metadata value as a report shows it: long arrays elided to their length and head."""
