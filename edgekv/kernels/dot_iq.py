@@ -84,7 +84,7 @@ def lane_total(s8, tot):
             tot[r] = I32(tot[r] + s8[j, r])
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
 def dot_iq4_nl(qs, d, xq, xd, g, acc, isum, order):
     # qs: u32[G, NB, 4, R]; d: u16[G, NB, 1, R]; xq: i8[NB, 32]; xd[:, 0]: the f16-rounded d
     # of q8_0; acc: f32[N_ACC, R] (0: the result, 1-8 and 10-17: two sets of 8 lanes,
@@ -124,7 +124,7 @@ def dot_iq4_nl(qs, d, xq, xd, g, acc, isum, order):
             acc[0, r] = fma(F32(f16_to_f32(dw[r]) * xd[b, 0]), F32(tot[r]), acc[0, r])
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
 def dot_iq4_xs(qs, sc, d, xq, xd, g, acc, isum, order):
     # qs: u32[G, NSB, 32, R]; sc: u8[G, NSB, 8, R] (the 6-bit ls, unbiased); d: u16[G, NSB, 1, R]
     # xq: i8[NSB, 256]; xd[:, 0]: f32 d of q8_K; acc: f32[10, R]; isum: i32[>=25, R]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .config import JIT_FLAGS
+from .config import EXACT_FLAGS, JIT_FLAGS
 from .dot_iq import FILE_LAYOUT, lane_total
 from .dot_k import ORDER_GEMM, ORDER_TILED, tiled_accumulate
 from .dot_q import lanes_fma, lanes_hsum
@@ -98,7 +98,7 @@ def scale_lanes(sc, g, b, n, j, s8, lanes, q2):
                 lanes[k, r] = I32(lanes[k, r] + scale * s8[k, r])
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
 def dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order):
     # qs: u32[G, NSB, 16, R]; qh: u32[G, NSB, 8, R] (hmask); sc: u8[G, NSB, 16, R] (6-bit,
     # value - 32); d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; acc: f32[N_ACC, R]
@@ -135,7 +135,7 @@ def q2_mins(sc, g, b, s0, s1, xsum, mins):
             mins[r] = I32(mins[r] + I32(I32(m[r]) >> 4) * x)
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
 def dot_q2_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
     # qs: u32[G, NSB, 16, R]; qh: u32[G, NSB, 0, R]; sc: u8[G, NSB, 16, R] (scale | min << 4); d: u16[G, NSB, 2, R]
     # (d, dmin); xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16] (sums of 16 codes)
@@ -185,7 +185,7 @@ def dot_q2_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
             acc[0, r] = F32(acc[10, r] - acc[11, r])
 
 
-@nb.njit(**JIT_FLAGS)
+@nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
 def _repacked_fmas(dw, dm, dx, tot, mins, acc):
     # acc[10] = fma(I, d_w * d_x, acc[10]); acc[11] = fma(M, dmin_w * d_x, acc[11])
     for r in range(tot.shape[0]):
