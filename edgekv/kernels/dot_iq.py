@@ -34,7 +34,7 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS
-from .dot_k import ORDER_TILED, tiled_accumulate
+from .dot_k import ORDER_TILED, lane_total, superblock_lanes
 from .dot_q import lanes_fma, lanes_hsum, nib
 from .fp16 import f16_to_f32
 from .intrinsics import fma
@@ -73,15 +73,6 @@ def iq4_lane_sums(qs, g, b, w0, xq, x0, s8):
                         + I32(level(v, 24) * a3))
             hi[r] = I32(I32(level(v, 4) * c0) + I32(level(v, 12) * c1) + I32(level(v, 20) * c2)
                         + I32(level(v, 28) * c3))
-
-
-@nb.njit(**EXACT_FLAGS)
-def lane_total(s8, tot):
-    # tot[r] = the sum of the 8 lanes s8[:, r]: a block's integer sum (the lanes partition it)
-    tot[:] = 0
-    for j in range(8):
-        for r in range(tot.shape[0]):
-            tot[r] = I32(tot[r] + s8[j, r])
 
 
 @nb.njit(**EXACT_FLAGS)  # the float steps in llama.cpp's order: no fast-math
@@ -141,13 +132,6 @@ def dot_iq4_xs(qs, sc, d, xq, xd, g, acc, isum, order):
             for j in range(8):
                 for r in range(R):
                     lanes[j, r] = I32(lanes[j, r] + I32(I32(ls[r]) - 32) * s8[j, r])
-        dx, dw = xd[b, 0], d[g, b, 0]
-        if tiled:
-            lane_total(lanes, tot)
-            tiled_accumulate(dw, dx, tot, acc)
-        else:
-            for r in range(R):
-                scale[r] = F32(f16_to_f32(dw[r]) * dx)
-            lanes_fma(acc, scale, lanes)
+        superblock_lanes(lanes, d[g, b, 0], xd[b, 0], tiled, tot, scale, acc)
     if not tiled:
         lanes_hsum(acc)

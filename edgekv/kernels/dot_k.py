@@ -165,24 +165,13 @@ def dot_q6_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
     # qs: u32[G, NSB, 32, R] (ql); qh: u32[G, NSB, 16, R]; sc: u8[G, NSB, 16, R] (int8 bits);
     # d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; xsum: i32[NSB, 16]
     # acc: f32[10, R]; isum: i32[>=25, R]: 16 run sums, the 8 lanes, their total
-    n_sb, R = qs.shape[1], qs.shape[3]
+    n_sb = qs.shape[1]
     runs, lanes, tot = isum[0:16], isum[16:24], isum[24]
     scale = acc[9]
     acc[:] = 0.0
     for b in range(n_sb):
         q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes, (order & INT8DOT) != 0)
-        dx, dw = xd[b, 0], d[g, b, 0]
-        if (order & ORDER_TILED) != 0:
-            # the lanes partition the super-block's integer sum T exactly
-            tot[:] = 0
-            for j in range(8):
-                for r in range(R):
-                    tot[r] = I32(tot[r] + lanes[j, r])
-            tiled_accumulate(dw, dx, tot, acc)
-        else:
-            for r in range(R):
-                scale[r] = F32(dx * f16_to_f32(dw[r]))
-            lanes_fma(acc, scale, lanes)
+        superblock_lanes(lanes, d[g, b, 0], xd[b, 0], (order & ORDER_TILED) != 0, tot, scale, acc)
     if (order & ORDER_TILED) == 0:
         lanes_hsum(acc)
 
@@ -209,6 +198,30 @@ def q6_lane_sums(qs, qh, sc, xq, xsum, g, b, runs, lanes, fast):
         s0, s1 = sc[g, b, 2 * j], sc[g, b, 2 * j + 1]
         for r in range(R):
             lanes[j, r] = I32(lanes[j, r] - 32 * (x0 * I32(np.int8(s0[r])) + x1 * I32(np.int8(s1[r]))))
+
+
+@nb.njit(**EXACT_FLAGS)
+def lane_total(lanes, tot):
+    # tot[r] = the sum of the 8 lanes lanes[:, r]: a block's integer sum (the lanes partition it)
+    tot[:] = 0
+    for j in range(8):
+        for r in range(tot.shape[0]):
+            tot[r] = I32(tot[r] + lanes[j, r])
+
+
+@nb.njit(**EXACT_FLAGS)
+def superblock_lanes(lanes, dw, dx, tiled, tot, scale, acc):
+    # a super-block's 8 integer lanes into acc in the order of llama.cpp's kernel: the tiled
+    # matmul's (their total T: acc[0] = fma(T * d_w, d_x, acc[0])) or vec_dot's (acc[1 + j] =
+    # fma(d_x * d_w, lane_j, acc[1 + j]), hsum_float_8'd by the caller at the end).
+    # dw: u16[R] the weight rows' f16 scales; tot: i32[R], scale: f32[R] scratch
+    if tiled:
+        lane_total(lanes, tot)
+        tiled_accumulate(dw, dx, tot, acc)
+    else:
+        for r in range(scale.shape[0]):
+            scale[r] = F32(dx * f16_to_f32(dw[r]))
+        lanes_fma(acc, scale, lanes)
 
 
 @nb.njit(**EXACT_FLAGS)

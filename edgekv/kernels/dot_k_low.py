@@ -40,8 +40,8 @@ import numba as nb
 import numpy as np
 
 from .config import EXACT_FLAGS, JIT_FLAGS
-from .dot_iq import FILE_LAYOUT, lane_total
-from .dot_k import ORDER_GEMM, ORDER_TILED, tiled_accumulate
+from .dot_iq import FILE_LAYOUT
+from .dot_k import ORDER_GEMM, ORDER_TILED, lane_total, superblock_lanes
 from .dot_q import lanes_fma, lanes_hsum
 from .fp16 import f16_to_f32
 from .intrinsics import fma
@@ -102,7 +102,7 @@ def scale_lanes(sc, g, b, n, j, s8, lanes, q2):
 def dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order):
     # qs: u32[G, NSB, 16, R]; qh: u32[G, NSB, 8, R] (hmask); sc: u8[G, NSB, 16, R] (6-bit,
     # value - 32); d: u16[G, NSB, 1, R]; xq: i8[NSB, 256]; xd[:, 0]: f32 d; acc: f32[N_ACC, R]
-    n_sb, R = qs.shape[1], qs.shape[3]
+    n_sb = qs.shape[1]
     s8, lanes, tot, scale = isum[0:8], isum[16:24], isum[24], acc[18]
     acc[:] = 0.0
     tiled = (order & ORDER_TILED) != 0
@@ -112,14 +112,7 @@ def dot_q3_k(qs, qh, sc, d, xq, xd, g, acc, isum, order):
             for j in range(4):
                 group_lanes(qs, qh, g, b, n, j, xq, s8)
                 scale_lanes(sc, g, b, n, j, s8, lanes, False)
-        dx, dw = xd[b, 0], d[g, b, 0]
-        if tiled:
-            lane_total(lanes, tot)
-            tiled_accumulate(dw, dx, tot, acc)
-        else:
-            for r in range(R):
-                scale[r] = F32(dx * f16_to_f32(dw[r]))
-            lanes_fma(acc, scale, lanes)
+        superblock_lanes(lanes, d[g, b, 0], xd[b, 0], tiled, tot, scale, acc)
     if not tiled:
         lanes_hsum(acc)
 
