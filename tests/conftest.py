@@ -131,3 +131,23 @@ def emulated_kernels(request, monkeypatch):
 # root (make test-aarch64, and CI after make test); on other CPUs it is not collected
 if platform.machine().lower() not in ("aarch64", "arm64"):
     collect_ignore = ["aarch64"]
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory, smollm2_path, gemma3_path):
+    """source(model, "F32"|"F16") -> the catalog model dequantized by `edgekv quantize`
+    (tests/test_quantize*.py)."""
+    made: dict = {}
+    folder = tmp_path_factory.mktemp("quantize-sources")
+    originals = {"smollm2-135m-instruct": smollm2_path, "gemma3-270m": gemma3_path}
+
+    def get(model: str, src_type: str) -> Path:
+        from edgekv.cli import main
+
+        if (model, src_type) not in made:
+            path = folder / f"{model}-{src_type}.gguf"
+            assert main(["quantize", "--allow-requantize", str(originals[model]), str(path), src_type]) == 0
+            made[model, src_type] = path
+        return made[model, src_type]
+
+    return get

@@ -25,7 +25,8 @@ from edgekv.quantize.plan import Options, plan_quantization, tensor_type
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 SOURCES = ("F32", "F16")
-PAIR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+PAIR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+              "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 
 
 def reference(model: str) -> dict:
@@ -56,23 +57,6 @@ def options(label: str) -> tuple[str, Options]:
         kw[{"--pure": "pure", "--leave-output-tensor": "leave_output_tensor"}[flag]] = True
         i += 1
     return words[0], Options(**kw)
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory, smollm2_path, gemma3_path):
-    """source(model, "F32"|"F16") -> the catalog model dequantized by `edgekv quantize`."""
-    made: dict = {}
-    folder = tmp_path_factory.mktemp("quantize-sources")
-    originals = {"smollm2-135m-instruct": smollm2_path, "gemma3-270m": gemma3_path}
-
-    def get(model: str, src_type: str) -> Path:
-        if (model, src_type) not in made:
-            path = folder / f"{model}-{src_type}.gguf"
-            assert main(["quantize", "--allow-requantize", str(originals[model]), str(path), src_type]) == 0
-            made[model, src_type] = path
-        return made[model, src_type]
-
-    return get
 
 
 @pytest.mark.slow
@@ -119,7 +103,7 @@ def test_tensor_bytes_equal_llama_quantize(source, model, src_type, dst):
     pairs = reference(model)["sources"][src_type]["pairs"]
     g = GGUFFile(source(model, src_type))
     names = [n for n, types in pairs.items() if dst in types]
-    assert names or dst in ("Q4_K", "Q5_K", "Q6_K"), f"no {dst} tensor in the reference"
+    assert names or dst in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"), f"no {dst} tensor in the reference"
     wrong = []
     for name in names:
         t = g.tensors[name]
@@ -131,7 +115,8 @@ def test_tensor_bytes_equal_llama_quantize(source, model, src_type, dst):
 
 
 CLI_RUNS = (("smollm2-135m-instruct", "F16", "Q4_K_M"), ("gemma3-270m", "F16", "Q4_K_M"),
-            ("smollm2-135m-instruct", "F32", "Q5_K_S"),
+            ("smollm2-135m-instruct", "F32", "Q5_K_S"), ("smollm2-135m-instruct", "F16", "Q3_K_M"),
+            ("gemma3-270m", "F16", "IQ4_XS"), ("smollm2-135m-instruct", "F16", "Q2_K --pure"),
             ("gemma3-270m", "F16", "Q4_K_M --output-tensor-type q8_0 --token-embedding-type q4_0"))
 
 
@@ -175,9 +160,9 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
 
 
 def test_unknown_type_is_one_line_and_writes_nothing(tiny_model, tmp_path, capsys):
-    rc, err = run_cli(capsys, tiny_model(), tmp_path / "o.gguf", "Q3_K")
+    rc, err = run_cli(capsys, tiny_model(), tmp_path / "o.gguf", "IQ2_XXS")
     assert rc == 1 and len(err.strip().splitlines()) == 1
-    assert "Q3_K" in err and "Q4_K_M" in err
+    assert "IQ2_XXS" in err and "Q4_K_M" in err and "IQ4_XS" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -31,6 +31,14 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--allow-requantize", action="store_true",
                    help="accept a source whose tensors are already quantized (loses more quality)")
     p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="an importance matrix for this model (llama-imatrix's imatrix.gguf, or its older .dat): "
+                        "each tensor's values are fitted weighting the columns its activations use most; "
+                        "Q2_K_S needs one")
+    p.add_argument("--include-weights", metavar="NAME", action="append", default=[],
+                   help="use the importance matrix only for tensors whose name contains NAME (repeatable)")
+    p.add_argument("--exclude-weights", metavar="NAME", action="append", default=[],
+                   help="do not use the importance matrix for tensors whose name contains NAME (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print each tensor's type and the sizes; write nothing")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
     p.set_defaults(handler=run)
@@ -45,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None and not args.dry_run:
         raise QuantizeError("give the output file: edgekv quantize IN.gguf OUT.gguf TYPE (or --dry-run)")
     opts = Options(
+        imatrix=_imatrix(args),
         pure=args.pure, allow_requantize=args.allow_requantize, leave_output_tensor=args.leave_output_tensor,
         output_tensor_type=tensor_type(args.output_tensor_type, "--output-tensor-type")
         if args.output_tensor_type else None,
@@ -62,3 +71,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{args.output}: {result.summary()}", file=sys.stderr)
     return 0
+
+
+def _imatrix(args: argparse.Namespace):
+    from ..errors import QuantizeError
+    from ..quantize.imatrix import load_imatrix
+
+    if args.include_weights and args.exclude_weights:
+        raise QuantizeError("--include-weights and --exclude-weights cannot be used together (as in llama-quantize)")
+    if not args.imatrix:
+        if args.include_weights or args.exclude_weights:
+            raise QuantizeError("--include-weights / --exclude-weights choose entries of --imatrix FILE; give it")
+        return None
+    return load_imatrix(args.imatrix).filtered(args.include_weights, args.exclude_weights)

@@ -12,5 +12,8 @@ FILE_TYPE_NAMES: dict[str, tuple[str, str]] = {
     "Q4_K_S": ("MOSTLY_Q4_K_S", "Q4_K"), "Q4_K_M": ("MOSTLY_Q4_K_M", "Q4_K"),
     "Q5_K_S": ("MOSTLY_Q5_K_S", "Q5_K"), "Q5_K_M": ("MOSTLY_Q5_K_M", "Q5_K"),
     "Q6_K": ("MOSTLY_Q6_K", "Q6_K"),
+    "Q2_K": ("MOSTLY_Q2_K", "Q2_K"), "Q2_K_S": ("MOSTLY_Q2_K_S", "Q2_K"),
+    "Q3_K_S": ("MOSTLY_Q3_K_S", "Q3_K"), "Q3_K_M": ("MOSTLY_Q3_K_M", "Q3_K"), "Q3_K_L": ("MOSTLY_Q3_K_L", "Q3_K"),
+    "IQ4_NL": ("MOSTLY_IQ4_NL", "IQ4_NL"), "IQ4_XS": ("MOSTLY_IQ4_XS", "IQ4_XS"),
 }
-ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize names them
+ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}  # as llama-quantize names them

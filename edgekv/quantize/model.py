@@ -5,8 +5,9 @@ what the source holds, then streams the model tensor by tensor: rows are dequant
 float32 in slabs of at most SLAB_BYTES, quantized on all cores (kernels/quantize_k.py), and
 written to a temporary file that becomes the output only when complete (gguf/writer.py).
 Memory stays at a slab or two whatever the model size: the source is memory-mapped and each
-tensor's pages are released once written. What does not: the per-tensor type rules
-(quantize/plan.py), the CLI (cli/quantize.py).
+tensor's pages are released once written. With an importance matrix (quantize/imatrix.py) each
+converted tensor gets its vector, checked against the model before anything is written. What
+does not: the per-tensor type rules (quantize/plan.py), the CLI (cli/quantize.py).
 
 The output is what llama-quantize writes for the same source, type and flags: the same
 metadata (copied entry for entry, `general.quantization_version` and `general.file_type` set
@@ -30,8 +31,10 @@ from ..errors import QuantizeError
 from ..gguf.reader import GGUFFile
 from ..gguf.writer import GGUFOutput, TensorEntry, kv_u32
 from ..kernels.jit_cache import kernels_cached, mark_warm
-from .plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization
+from .imatrix import METADATA_KEYS
+from .plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization, requires_imatrix
 
+_NONE = np.empty(0, np.float32)
 SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION
 log = logging.getLogger("edgekv")
@@ -76,16 +79,45 @@ def check_plan(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
             raise QuantizeError(f"{g.path}: tensor {t.name!r} has type {t.src_type.name}, which edgekv cannot read")
 
 
-def output_metadata(g: GGUFFile, plan: QuantPlan) -> list[bytes]:
-    kvs = [g.raw_kv(k) for k in g.metadata if k not in _DROPPED]
+def check_imatrix(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
+    """A Q2_K_S file is made only with an importance matrix (a dry run just plans it)."""
+    needs = next((t for t in plan.tensors if t.converts and requires_imatrix(plan, t)), None)
+    if needs is not None and not opts.has_imatrix:
+        raise QuantizeError(
+            f"{plan.file_type} needs an importance matrix (tensor {needs.name!r} becomes Q2_K): pass "
+            f"--imatrix FILE (llama-imatrix's imatrix.gguf or .dat for this model), or choose Q2_K or Q3_K_S")
+    if opts.has_imatrix:
+        opts.imatrix.check_model([t.name for t in plan.tensors], g.path)
+        for t in plan.tensors:  # every size mismatch or missing entry before anything is written
+            tensor_imatrix(plan, t, opts)
+
+
+def tensor_imatrix(plan: QuantPlan, t: TensorPlan, opts: Options) -> np.ndarray | None:
+    """The importance weights a converted tensor is quantized with, as llama-quantize picks
+    them; a Q2_K_S tensor without any is an error."""
+    w = opts.imatrix.weights(t.name, t.shape) if opts.has_imatrix and t.converts else None
+    if w is None and t.converts and requires_imatrix(plan, t):
+        raise QuantizeError(f"{opts.imatrix.path if opts.imatrix else 'no --imatrix'}: no importance weights "
+                            f"for {t.name!r}, which {plan.file_type} makes Q2_K (llama.cpp refuses it too: the "
+                            f"result would be garbage); use a matrix made for this model, or choose Q2_K")
+    return w
+
+
+def output_metadata(g: GGUFFile, plan: QuantPlan, opts: Options) -> list[bytes]:
+    # the source's keys, then the version and file type, then the importance matrix's (each
+    # set anew, so a key of the source by that name is dropped, as gguf_set_val does)
+    extra = opts.imatrix.metadata() if opts.has_imatrix else []
+    dropped = _DROPPED + (METADATA_KEYS if extra else ())
+    kvs = [g.raw_kv(k) for k in g.metadata if k not in dropped]
     return kvs + [kv_u32("general.quantization_version", QUANTIZATION_VERSION),
-                  kv_u32("general.file_type", int(plan.ftype))]
+                  kv_u32("general.file_type", int(plan.ftype))] + extra
 
 
-def tensor_chunks(g: GGUFFile, t: TensorPlan):
+def tensor_chunks(g: GGUFFile, t: TensorPlan, imatrix: np.ndarray | None = None):
     """The output bytes of one planned tensor, in slabs of rows (uint8 arrays): the source's
-    bytes when its type is kept, else its rows dequantized to float32 and quantized."""
-    from ..kernels.quantize_k import quantize_weight_rows
+    bytes when its type is kept, else its rows dequantized to float32 and quantized (with the
+    importance weights `imatrix`, ne0 per expert, when given)."""
+    from ..kernels.quantize_weights import quantize_weight_rows
 
     src = g.tensors[t.name]
     if not t.converts:
@@ -96,14 +128,18 @@ def tensor_chunks(g: GGUFFile, t: TensorPlan):
     ne0, n_rows = t.shape[0], t.n_elements // t.shape[0]
     src_row = quants.row_nbytes(t.src_type, ne0)
     dst_row = quants.row_nbytes(t.dst_type, ne0)
-    step = max(1, SLAB_BYTES // (4 * ne0))
-    for r in range(0, n_rows, step):
-        rows = min(step, n_rows - r)
+    per_expert = n_rows // (t.shape[2] if len(t.shape) > 2 else 1)
+    step = max(1, min(SLAB_BYTES // (4 * ne0), per_expert))  # a slab never crosses experts
+    r = 0
+    while r < n_rows:
+        rows = min(step, per_expert - r % per_expert)
         raw = src.data[r * src_row:(r + rows) * src_row]
         y = np.empty((rows, dst_row), np.uint8)
-        quantize_weight_rows(quants.dequantize(raw, t.src_type, (ne0, rows)), int(t.dst_type), y)
+        qw = _NONE if imatrix is None else imatrix[(r // per_expert) * ne0:][:ne0]
+        quantize_weight_rows(quants.dequantize(raw, t.src_type, (ne0, rows)), int(t.dst_type), y, qw)
         g.release_pages(raw)
         yield y
+        r += rows
 
 
 def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: str, opts: Options = Options(),
@@ -118,16 +154,17 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     n_elements = sum(t.n_elements for t in plan.tensors)
     if dry_run:
         return QuantResult(plan, n_elements, before, after, 0.0)
+    check_imatrix(g, plan, opts)
     if os.path.abspath(src) == os.path.abspath(dst):
         raise QuantizeError(f"{dst}: the output would overwrite the input; choose another name")
     entries = [TensorEntry(t.name, t.shape, t.dst_type) for t in plan.tensors]
     t0 = time.perf_counter()
     bar = progress_bar(after, progress)
     with quantizers_compiled(), \
-            GGUFOutput(dst, output_metadata(g, plan), entries, int(g.get("general.alignment", 32))) as out:
+            GGUFOutput(dst, output_metadata(g, plan, opts), entries, int(g.get("general.alignment", 32))) as out:
         for t in plan.tensors:
             bar.set_postfix_str(f"{t.name} -> {t.dst_type.name}", refresh=False)
-            for chunk in tensor_chunks(g, t):
+            for chunk in tensor_chunks(g, t, tensor_imatrix(plan, t, opts)):
                 out.write(chunk)
             bar.update(t.nbytes(t.dst_type))
     bar.close()

@@ -12,9 +12,12 @@ to the file types offered here; a change there is a change here. In short: the o
 (or the token embedding, when the output is tied to it) gets Q6_K, or Q8_0 when its rows do
 not fit the chosen type; Q4_K_M and Q5_K_M give attn_v and ffn_down Q6_K in the first and
 last eighth of the layers and every third layer between ("more bits" layers); Q4_K_S gives
-the first four attn_v and the first eighth of ffn_down Q5_K; a row that is not a whole number
-of 256-value blocks falls back Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and to F16 when even
-that does not fit.
+the first four attn_v and the first eighth of ffn_down Q5_K; the Q2_K and Q3_K mixtures and
+IQ4 raise attn_v (by the number of query heads per KV head), ffn_down and attn_output a type or
+two; an importance matrix changes two rules (IQ4's first ffn_down layers, Q4_0/Q5_0's) and is
+required by Q2_K_S. A row that is not a whole number of 256-value blocks falls back Q2_K/Q3_K ->
+Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL, and to F16 when even that does
+not fit.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from gguf import LlamaFileType as FT
 from ..errors import QuantizeError
 from ..gguf.file_types import ALIASES, FILE_TYPE_NAMES
 from ..gguf.reader import tensor_nbytes
+from .imatrix import Imatrix
 
-QUANTIZED = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
+QUANTIZED = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS}
 
 # name -> (general.file_type, the type of a tensor no rule touches)
 FILE_TYPES: dict[str, tuple[FT, T]] = {name: (FT[ft], T[t]) for name, (ft, t) in FILE_TYPE_NAMES.items()}
 TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, *sorted(QUANTIZED))}
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 
 # 2-D weights llama.cpp never quantizes (substrings of the name); norms are matched apart
 _KEEP = ("ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
@@ -63,6 +67,12 @@ class Options:
     token_embedding_type: T | None = None
     allow_requantize: bool = False
     leave_output_tensor: bool = False
+    imatrix: Imatrix | None = field(default=None, compare=False)  # after --include/--exclude-weights
+
+    @property
+    def has_imatrix(self) -> bool:
+        # llama.cpp's qs.has_imatrix: a matrix with at least one entry left
+        return self.imatrix is not None and bool(self.imatrix.entries)
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,8 @@ class _State:
     is_70b: bool
     tied: bool
     n_attention_wv: int
+    n_gqa: int  # query heads per KV head (0: no KV heads)
+    has_imatrix: bool
     i_attention_wv: int = 0
     i_ffn_down: int = 0
 
@@ -186,40 +198,82 @@ def _output_type(st: _State, new_type: T, ne0: int, opts: Options) -> T:
 
 
 def _mixture_type(st: _State, new_type: T, name: str, cat: str, ne0: int, opts: Options) -> T:
-    # llama_tensor_get_type_impl for the file types offered here (the IQ/Q2_K/Q3_K and
-    # MXFP4 branches cannot be reached from them)
-    ft = st.ftype
+    # llama_tensor_get_type_impl for the file types offered here (the IQ1-IQ3 and MXFP4
+    # branches cannot be reached from them)
     if cat == "output" or (st.tied and cat == "token_embd"):
         return _output_type(st, new_type, ne0, opts)
     if cat == "attn_v":
-        if ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and st.more_bits(st.i_attention_wv, st.n_attention_wv):
-            new_type = T.Q6_K
-        elif ft == FT.MOSTLY_Q4_K_S and st.i_attention_wv < 4:
-            new_type = T.Q5_K
-        if st.is_70b and new_type == T.Q4_K:
-            new_type = T.Q5_K
-        if st.n_expert == 8:
-            new_type = T.Q8_0
+        new_type = _attn_v_type(st, new_type)
         st.i_attention_wv += 1
     elif cat == "attn_k" and st.n_expert == 8:
         new_type = T.Q8_0
     elif cat == "ffn_down":
-        i_layer, n_layer = st.layer(st.i_ffn_down, name), st.n_layer
-        if ft == FT.MOSTLY_Q4_K_M:
-            if st.arch == "falcon":
-                new_type = (T.Q6_K if i_layer < n_layer // 16
-                            else T.Q5_K if st.more_bits(i_layer, n_layer) else T.Q4_K)
-            elif st.more_bits(i_layer, n_layer):
-                new_type = T.Q6_K
-        elif ft == FT.MOSTLY_Q5_K_M and st.more_bits(i_layer, n_layer):
-            new_type = T.Q6_K
-        elif ft == FT.MOSTLY_Q4_K_S and st.arch != "falcon" and i_layer < n_layer // 8:
-            new_type = T.Q5_K
+        new_type = _ffn_down_type(st, new_type, st.layer(st.i_ffn_down, name), st.n_layer)
         st.i_ffn_down += 1
-    elif cat == "attn_output" and st.arch != "falcon" and st.n_expert == 8:
-        if ft in (FT.MOSTLY_Q4_K_S, FT.MOSTLY_Q4_K_M):
-            new_type = T.Q5_K
+    elif cat == "attn_output":
+        new_type = _attn_output_type(st, new_type)
     return new_type
+
+
+def _attn_v_type(st: _State, new_type: T) -> T:
+    ft, i = st.ftype, st.i_attention_wv
+    if ft == FT.MOSTLY_Q2_K:
+        new_type = T.Q4_K if st.n_gqa >= 4 else T.Q3_K
+    elif ft == FT.MOSTLY_Q2_K_S and st.n_gqa >= 4:
+        new_type = T.Q4_K
+    elif ft == FT.MOSTLY_Q3_K_M:
+        new_type = T.Q5_K if i < 2 else T.Q4_K
+    elif ft == FT.MOSTLY_Q3_K_L:
+        new_type = T.Q5_K
+    elif ft in (FT.MOSTLY_IQ4_NL, FT.MOSTLY_IQ4_XS) and st.n_gqa >= 4:
+        new_type = T.Q5_K
+    elif ft in (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M) and st.more_bits(i, st.n_attention_wv):
+        new_type = T.Q6_K
+    elif ft == FT.MOSTLY_Q4_K_S and i < 4:
+        new_type = T.Q5_K
+    if st.is_70b and new_type in (T.Q3_K, T.Q4_K):
+        new_type = T.Q5_K
+    return T.Q8_0 if st.n_expert == 8 else new_type
+
+
+def _ffn_down_type(st: _State, new_type: T, i_layer: int, n_layer: int) -> T:
+    ft, falcon = st.ftype, st.arch == "falcon"
+    if ft == FT.MOSTLY_Q2_K:
+        return T.Q3_K
+    if ft == FT.MOSTLY_Q2_K_S:
+        return T.Q4_K if i_layer < n_layer // 8 else new_type
+    if ft == FT.MOSTLY_Q3_K_M:
+        if i_layer < n_layer // 16:
+            return T.Q5_K
+        return T.Q4_K if not falcon or st.more_bits(i_layer, n_layer) else T.Q3_K
+    if ft == FT.MOSTLY_Q3_K_L:
+        return T.Q4_K if falcon else T.Q5_K
+    if ft == FT.MOSTLY_Q4_K_M:
+        if falcon:
+            return T.Q6_K if i_layer < n_layer // 16 else T.Q5_K if st.more_bits(i_layer, n_layer) else T.Q4_K
+        return T.Q6_K if st.more_bits(i_layer, n_layer) else new_type
+    if i_layer < n_layer // 8 and ft in (FT.MOSTLY_IQ4_NL, FT.MOSTLY_IQ4_XS) and not st.has_imatrix:
+        return T.Q5_K
+    if ft == FT.MOSTLY_Q5_K_M:
+        return T.Q6_K if st.more_bits(i_layer, n_layer) else new_type
+    if ft == FT.MOSTLY_Q4_K_S and not falcon and i_layer < n_layer // 8:
+        return T.Q5_K
+    if ft in (FT.MOSTLY_Q4_0, FT.MOSTLY_Q5_0) and st.has_imatrix and i_layer < n_layer // 8:
+        return T.Q4_1 if ft == FT.MOSTLY_Q4_0 else T.Q5_1
+    return new_type
+
+
+_ATTN_OUTPUT_Q5_K = (FT.MOSTLY_Q2_K, FT.MOSTLY_Q3_K_S, FT.MOSTLY_Q3_K_M, FT.MOSTLY_IQ4_NL, FT.MOSTLY_Q4_K_S,
+                     FT.MOSTLY_Q4_K_M, FT.MOSTLY_IQ4_XS)
+
+
+def _attn_output_type(st: _State, new_type: T) -> T:
+    ft = st.ftype
+    if st.arch == "falcon":
+        return T.Q4_K if ft == FT.MOSTLY_Q3_K_L else new_type
+    if st.n_expert == 8:
+        return T.Q5_K if ft in _ATTN_OUTPUT_Q5_K else new_type
+    return {FT.MOSTLY_Q2_K: T.Q3_K, FT.MOSTLY_Q3_K_M: T.Q4_K, FT.MOSTLY_Q3_K_L: T.Q5_K}.get(ft, new_type)
 
 
 def _fallback(new_type: T, ne0: int) -> tuple[T, bool]:
@@ -268,7 +322,9 @@ def plan_quantization(g, type_name: str, opts: Options = Options()) -> QuantPlan
     st = _State(arch, ftype, n_layer, int(g.get(f"{arch}.expert_count", 0) or 0),
                 _is_70b(arch, n_layer, _first(n_head), _first(n_head_kv)),
                 tied="output.weight" not in g.tensors,
-                n_attention_wv=sum(category(n) == "attn_v" for n in names))
+                n_attention_wv=sum(category(n) == "attn_v" for n in names),
+                n_gqa=_first(n_head) // _first(n_head_kv) if _first(n_head_kv) else 0,
+                has_imatrix=opts.has_imatrix)
     plan = QuantPlan(name, ftype)
     for n in names:
         t = g.tensors[n]
@@ -276,6 +332,13 @@ def plan_quantization(g, type_name: str, opts: Options = Options()) -> QuantPlan
         dst, fell = _tensor_type(st, default, n, t.shape, src, opts)
         plan.tensors.append(TensorPlan(n, t.shape, src, dst, fell))
     return plan
+
+
+def requires_imatrix(plan: QuantPlan, t: TensorPlan) -> bool:
+    """llama.cpp's tensor_requires_imatrix for the types offered here: a Q2_K tensor of a Q2_K_S
+    file, the output and token embedding excepted."""
+    return (plan.ftype == FT.MOSTLY_Q2_K_S and t.dst_type == T.Q2_K
+            and category(t.name) not in ("token_embd", "output"))
 
 
 def _first(v) -> int:
