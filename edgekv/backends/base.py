@@ -137,6 +137,11 @@ class Backend(ABC):
         `output.weight`). llama.cpp then keeps it in file layout (embedding lookups read it),
         which for some types (IQ4_NL, Q2_K) is another summation order. Nothing by default."""
 
+    def named(self, w: Any, name: str) -> None:
+        """Told at load time each weight's GGUF tensor name (the pieces of a fused tensor share
+        it). The CPU backend keeps them for an activation observer (`edgekv imatrix`).
+        Nothing by default."""
+
     def share_input(self, ws: Sequence[Any]) -> None:
         """Told at load time that the weights ws multiply the same input (q/k/v, gate/up)
         in `project_many`: a backend may store them together. Nothing by default."""

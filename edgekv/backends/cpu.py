@@ -40,6 +40,10 @@ class CPUBackend(Backend):
         self.name = name
         self.use_int8dot = use_int8dot and kernel_map.int8dot_available()
         self.n_workers = max_threads()
+        self.weight_names: dict[int, str] = {}  # id(weight) -> its GGUF tensor name
+        # observer(name, x): given each named weight's input x f32[n_tok, n_cols] before the
+        # product (once per call for the pieces of a fused tensor); None: nothing is observed
+        self.observer: Callable[[str, np.ndarray], None] | None = None
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -55,7 +59,23 @@ class CPUBackend(Backend):
     def embed(self, w: QuantMatrix, ids: np.ndarray, out: np.ndarray) -> None:
         w.rows(ids, out)
 
+    def named(self, w: QuantMatrix, name: str) -> None:
+        self.weight_names[id(w)] = name
+
+    def observe(self, ws: Sequence[QuantMatrix], x: np.ndarray) -> None:
+        seen = set()
+        for w in ws:
+            name = self.weight_names.get(id(w))
+            if name is not None and name not in seen:
+                seen.add(name)
+                self.observer(name, x)
+
     def project(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
+        if self.observer is not None:
+            self.observe((w,), x)
+        self._project(w, x, out)
+
+    def _project(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray) -> None:
         n = x.shape[0]
         if n == 1:
             w.matvec(x[0], out[0])
@@ -77,6 +97,8 @@ class CPUBackend(Backend):
                 pack_store.release(a)
 
     def project_many(self, ws: Sequence[QuantMatrix], x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        if self.observer is not None:
+            self.observe(ws, x)
         stack = ws[0].stack
         if stack is not None and (x.shape[0] == 1 or stack.chunks) and stack.is_of(ws):
             if x.shape[0] == 1:
@@ -94,7 +116,7 @@ class CPUBackend(Backend):
                 w.matmul_batch(x, out, acts)
             return
         for w, out in zip(ws, outs):
-            self.project(w, x, out)
+            self._project(w, x, out)
 
     # -- element-wise and per-row -----------------------------------------------------------
 

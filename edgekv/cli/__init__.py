@@ -4,7 +4,7 @@ What lives here: the top-level parser, logging set-up (`-v`), and the one place 
 exceptions become exit codes: EdgeKVError (and unreadable files) -> a one-line message on
 stderr and status 1, usage errors -> argparse's message and status 2, Ctrl-C -> 130.
 What does not: the commands themselves (run.py, chat.py, serve.py, perplexity.py, kv_report.py,
-bench.py, mem.py, models.py, info.py, inspect.py, quantize.py, convert.py, warmup.py) and the options they share (common.py).
+bench.py, mem.py, models.py, info.py, inspect.py, quantize.py, imatrix.py, convert.py, warmup.py) and the options they share (common.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import sys
 from typing import Callable, Sequence
 
 from ..errors import EdgeKVError
-from . import bench, chat, convert, info, inspect, kv_report, mem, models, perplexity, quantize, run, serve, warmup
+from . import bench, chat, convert, imatrix, info, inspect, kv_report, mem, models, perplexity, quantize, run, serve, warmup
 
-COMMANDS = (run, chat, serve, perplexity, kv_report, bench, mem, models, info, inspect, quantize, convert, warmup)
+COMMANDS = (run, chat, serve, perplexity, kv_report, bench, mem, models, info, inspect, quantize, imatrix, convert,
+            warmup)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,12 +65,12 @@ def chunk_logits(session, chunk: Sequence[int], bos_id: int | None) -> Iterator[
         yield session.eval(inputs[start:stop], all_logits=True), targets[start + 1 : stop + 1]
 
 
-def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1) -> int:
+def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1, purpose: str = "to evaluate perplexity") -> int:
     """Chunks the method scores; raises llama.cpp's errors for too little text."""
     if n_ctx < 3:
-        raise EdgeKVError(f"perplexity needs a context of at least 3 tokens, got -c {n_ctx}")
+        raise EdgeKVError(f"the chunks need a context of at least 3 tokens, got -c {n_ctx}")
     if n_tokens < 2 * n_ctx:
-        raise EdgeKVError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
+        raise EdgeKVError(f"you need at least {2 * n_ctx} tokens {purpose} with a context of "
                           f"{n_ctx}; the file tokenizes to only {n_tokens} tokens")
     n_chunks = n_tokens // n_ctx
     return min(n_chunks, max_chunks) if max_chunks > 0 else n_chunks

@@ -170,8 +170,10 @@ class WeightLoader:
         """A weight with rows of n_cols elements (ggml shape [n_cols, n_rows])."""
         info = self._info(name, (n_cols, n_rows))
         # the file pages go as soon as each piece is repacked: peak memory ~ the repacked weights
-        return self.backend.weight(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages,
-                                   store=self.g.pack_store)
+        w = self.backend.weight(info.data, info.ggml_type, n_rows, n_cols, release=self.g.release_pages,
+                                store=self.g.pack_store)
+        self.backend.named(w, name)
+        return w
 
     def split_matrix(self, name: str, n_cols: int, parts: tuple[int, ...]) -> list:
         """A fused weight (Phi-3's attn_qkv, ffn_up) as one backend weight per consecutive
@@ -180,8 +182,11 @@ class WeightLoader:
         info = self._info(name, (n_cols, sum(parts)))
         rows = info.data.reshape(sum(parts), -1)
         bounds = np.cumsum((0,) + parts)
-        return [self.backend.weight(rows[a:b].reshape(-1), info.ggml_type, int(b - a), n_cols, store=self.g.pack_store)
-                for a, b in zip(bounds[:-1], bounds[1:])]
+        ws = [self.backend.weight(rows[a:b].reshape(-1), info.ggml_type, int(b - a), n_cols, store=self.g.pack_store)
+              for a, b in zip(bounds[:-1], bounds[1:])]
+        for w in ws:
+            self.backend.named(w, name)
+        return ws
 
     def embeddings_and_output(self, hp: HParams) -> tuple:
         """token_embd, output_norm and output; output is the embedding when the GGUF has
