@@ -1,4 +1,4 @@
-"""Issue 13 item 2: `edgekv quantize` against llama-quantize, side by side in one run.
+"""Issues 13 and 44: `edgekv quantize` against llama-quantize, side by side in one run.
 
 For each catalog model, an F16 source is made first (`edgekv quantize --allow-requantize
 ... F16`, equal to llama-quantize's); then for each file type, repetition by repetition and
@@ -8,8 +8,11 @@ alternating, llama-quantize (subprocess, all threads) and edgekv:
 - `edgekv` CLI: the whole `python -m edgekv quantize` command, start-up included, what a
   user waits for.
 Throughput is source bytes (F16) per second; the ratio is llama-quantize's time / edgekv's
-(above 1: edgekv faster). Target (issue 13): >= 0.5x. The outputs are checked equal
-byte for byte on the way (a benchmark of a wrong answer is worthless).
+(above 1: edgekv faster). Targets: >= 0.5x (issue 13), and for the low-bit types of issue 44
+>= 1.0x with peak RSS <= the source file + 300 MB (the CLI's and llama-quantize's peak RSS are
+printed, MiB). Types marked "+imatrix" use an importance matrix `edgekv imatrix` makes from the
+F16 over benchmarks/texts/apache-2.0.txt (-c 256). The outputs are checked equal byte for byte
+on the way (a benchmark of a wrong answer is worthless).
 
     python benchmarks/quantize_speed.py --llama-quantize /path/to/llama-quantize [-r 3]
 
@@ -33,7 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = ("smollm2-135m-instruct", "gemma3-270m")
-TYPES = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "Q2_K", "Q3_K_M", "IQ4_XS", "Q2_K_S+imatrix", "Q3_K_M+imatrix",
+         "IQ4_XS+imatrix")
+TEXT = Path(__file__).resolve().parent / "texts" / "apache-2.0.txt"
 
 
 def timed(fn) -> float:
@@ -42,32 +47,53 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def run_peak(cmd) -> tuple[float, float]:
+    """(seconds, peak RSS MiB) of a command run to completion."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{cmd[:3]}... exited {proc.returncode}")
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024
+
+
 def one_model(model: str, exe: str, reps: int, work: Path) -> list[str]:
     from edgekv.catalog import ensure_model
+    from edgekv.quantize.imatrix import load_imatrix
     from edgekv.quantize.model import quantize_model
     from edgekv.quantize.plan import Options
 
     src = work / f"{model}-F16.gguf"
     quantize_model(ensure_model(model), src, "F16", Options(allow_requantize=True), progress=False)
     size = src.stat().st_size
+    imatrix = work / "imatrix.gguf"
+    subprocess.run([sys.executable, "-m", "edgekv", "imatrix", "-m", str(src), "-f", str(TEXT), "-o", str(imatrix),
+                    "-c", "256", "--no-ppl"], check=True, capture_output=True)
     rows = []
-    for ftype in TYPES:
+    for label in TYPES:
+        ftype, _, with_imatrix = label.partition("+")
+        flags = ["--imatrix", str(imatrix)] if with_imatrix else []
+        opts = Options(imatrix=load_imatrix(imatrix)) if with_imatrix else Options()
         ours, theirs = work / "ours.gguf", work / "theirs.gguf"
-        quantize_model(src, ours, ftype, progress=False)  # warm-up: compile, page cache
+        quantize_model(src, ours, ftype, opts, progress=False)  # warm-up: compile, page cache
         times: dict[str, list[float]] = {"llama": [], "inproc": [], "cli": []}
+        peaks: dict[str, float] = {"llama": 0.0, "cli": 0.0}
         for _ in range(reps):
-            times["llama"].append(timed(lambda: subprocess.run(
-                [exe, str(src), str(theirs), ftype], check=True, capture_output=True)))
-            times["inproc"].append(timed(lambda: quantize_model(src, ours, ftype, progress=False)))
-            times["cli"].append(timed(lambda: subprocess.run(
-                [sys.executable, "-m", "edgekv", "quantize", str(src), str(ours), ftype],
-                check=True, capture_output=True)))
+            t, peak = run_peak([exe, *flags, str(src), str(theirs), ftype])
+            times["llama"].append(t)
+            peaks["llama"] = max(peaks["llama"], peak)
+            times["inproc"].append(timed(lambda: quantize_model(src, ours, ftype, opts, progress=False)))
+            t, peak = run_peak([sys.executable, "-m", "edgekv", "quantize", *flags, str(src), str(ours), ftype])
+            times["cli"].append(t)
+            peaks["cli"] = max(peaks["cli"], peak)
         if not filecmp.cmp(ours, theirs, shallow=False):
-            raise SystemExit(f"{model} {ftype}: edgekv's file differs from llama-quantize's")
+            raise SystemExit(f"{model} {label}: edgekv's file differs from llama-quantize's")
         m = {k: statistics.mean(v) for k, v in times.items()}
-        rows.append(f"| {model} | {ftype} | {m['llama']:.2f} | {m['inproc']:.2f} | {m['cli']:.2f} | "
+        rows.append(f"| {model} | {label} | {m['llama']:.2f} | {m['inproc']:.2f} | {m['cli']:.2f} | "
                     f"{size / m['llama'] / 2**20:.0f} | {size / m['inproc'] / 2**20:.0f} | "
-                    f"{m['llama'] / m['inproc']:.2f}x | {m['llama'] / m['cli']:.2f}x |")
+                    f"{m['llama'] / m['inproc']:.2f}x | {m['llama'] / m['cli']:.2f}x | "
+                    f"{peaks['llama']:.0f} | {peaks['cli']:.0f} | {size / 2**20 + 300:.0f} |")
         print(rows[-1], file=sys.stderr)
     return rows
 
@@ -87,8 +113,9 @@ def main(argv=None) -> int:
     print(f"Machine: {machine_summary(os.cpu_count())}; Python {platform.python_version()}; "
           f"mean of {args.reps} alternating repetitions, seconds")
     print("| model | type | llama-quantize s | edgekv in-process s | edgekv CLI s | llama MiB/s | "
-          "edgekv MiB/s | ratio in-process | ratio CLI |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "edgekv MiB/s | ratio in-process | ratio CLI | llama peak RSS MiB | edgekv CLI peak RSS MiB | "
+          "RSS target MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             print("\n".join(one_model(model, args.llama_quantize, args.reps, Path(work))))

@@ -168,20 +168,15 @@ IQ4_NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 
 @nb.njit(**EXACT_FLAGS)
 def nearest_level(levels, x):
-    # ggml's best_index_int8: the index of the level nearest x (ties to the upper one)
-    if x <= levels[0]:
-        return 0
+    # ggml's best_index_int8: the index of the level nearest x (ties to the upper one). Its
+    # binary search ends at the first level above x; counting the levels at or below x finds
+    # the same one without branches (NaN, which the search takes to the top, apart)
     n = levels.size
-    if x >= levels[n - 1]:
-        return n - 1
-    lo, hi = 0, n - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if x < levels[mid]:
-            hi = mid
-        else:
-            lo = mid
-    return hi - 1 if x - levels[hi - 1] < levels[hi] - x else hi
+    hi = 1
+    for k in range(1, n - 1):
+        hi += x >= levels[k]
+    i = hi - 1 if x - levels[hi - 1] < levels[hi] - x else hi  # below levels[0]: 0, above the top: n - 1
+    return n - 1 if x != x else i
 
 
 @nb.njit(**EXACT_FLAGS)

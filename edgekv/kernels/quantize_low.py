@@ -242,21 +242,25 @@ def quantize_row_q3_k(x, qw, dst):
 
 
 @nb.njit(**EXACT_FLAGS)
-def iq4_sums(xb, weight, inv):
-    # sum w*q*x and sum w*q*q over the levels q nearest inv*x
-    sumqx = F32(0.0)
-    sumq2 = F32(0.0)
+def iq4_all_sums(xb, weight, inv, sumqx, sumq2):
+    # for each inverse scale inv[t]: sum w*q*x and sum w*q*q over the levels q nearest
+    # inv[t]*x, each sum in the order of x as ggml adds it; the tries side by side, so the
+    # float additions of one try do not wait on each other's latency
+    sumqx[:] = 0
+    sumq2[:] = 0
     for j in range(xb.size):
-        q = F32(IQ4_NL_LEVELS[nearest_level(IQ4_NL_LEVELS, inv * xb[j])])
-        sumqx += weight[j] * q * xb[j]
-        sumq2 += weight[j] * q * q
-    return sumqx, sumq2
+        x, w = xb[j], weight[j]
+        for t in range(inv.size):
+            q = F32(IQ4_NL_LEVELS[nearest_level(IQ4_NL_LEVELS, inv[t] * x)])
+            sumqx[t] += w * q * x
+            sumq2[t] += w * q * q
 
 
 @nb.njit(**EXACT_FLAGS)
-def iq4_scale(xb, weight):
+def iq4_scale(xb, weight, inv, sumqx, sumq2):
     # the scale of one 32-value block: the least-squares d for the levels nearest x/(max/-127),
     # then for 15 inverse scales (v0 + t)/max, t = -7..7, kept when the weighted fit improves
+    # (inv, sumqx, sumq2: f32[16] scratch)
     amax = F32(0.0)
     mx = F32(0.0)
     for j in range(xb.size):
@@ -266,14 +270,16 @@ def iq4_scale(xb, weight):
     if amax < GROUP_MAX_EPS:
         return F32(0.0)
     v0 = F32(IQ4_NL_LEVELS[0])
-    sumqx, sumq2 = iq4_sums(xb, weight, F32(1.0) / (-mx / v0))
-    d = sumqx / sumq2 if sumq2 > 0 else F32(0.0)
-    best = d * sumqx
+    inv[0] = F32(1.0) / (-mx / v0)
     for t in range(-7, 8):
-        sumqx, sumq2 = iq4_sums(xb, weight, F32(t + IQ4_NL_LEVELS[0]) / mx)
-        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
-            d = sumqx / sumq2
-            best = d * sumqx
+        inv[t + 8] = F32(t + IQ4_NL_LEVELS[0]) / mx
+    iq4_all_sums(xb, weight, inv, sumqx, sumq2)
+    d = sumqx[0] / sumq2[0] if sumq2[0] > 0 else F32(0.0)
+    best = d * sumqx[0]
+    for t in range(1, 16):
+        if sumq2[t] > 0 and sumqx[t] * sumqx[t] > best * sumq2[t]:
+            d = sumqx[t] / sumq2[t]
+            best = d * sumqx[t]
     return d
 
 
@@ -297,6 +303,9 @@ def iq4_codes(xb, inv, L, o):
 def iq4_super_block(xs, qw, blk, L, scales, weight):
     # ggml's quantize_row_iq4_nl_impl with ntry 7 over xs (32 values: IQ4_NL; 256: IQ4_XS)
     n_sub = xs.size // 32
+    inv = np.empty(16, np.float32)
+    sumqx = np.empty(16, np.float32)
+    sumq2 = np.empty(16, np.float32)
     sigma2 = F32(0.0)
     for j in range(xs.size):
         sigma2 += xs[j] * xs[j]
@@ -306,7 +315,7 @@ def iq4_super_block(xs, qw, blk, L, scales, weight):
     for ib in range(n_sub):
         xb = xs[32 * ib:32 * ib + 32]
         iq4_weights(xb, qw[32 * ib:32 * ib + 32] if qw.size else qw, sigma2, weight)
-        scales[ib] = iq4_scale(xb, weight)
+        scales[ib] = iq4_scale(xb, weight, inv, sumqx, sumq2)
         if abs(scales[ib]) > amax_scale:
             amax_scale = abs(scales[ib])
             max_scale = scales[ib]
