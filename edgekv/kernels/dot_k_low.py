@@ -42,7 +42,7 @@ import numpy as np
 from .config import EXACT_FLAGS, JIT_FLAGS
 from .dot_iq import FILE_LAYOUT
 from .dot_k import ORDER_GEMM, ORDER_TILED, lane_total, superblock_lanes
-from .dot_q import lanes_fma, lanes_hsum
+from .dot_q import lanes_hsum
 from .fp16 import f16_to_f32
 from .intrinsics import fma
 
@@ -168,9 +168,7 @@ def dot_q2_k(qs, qh, sc, d, xq, xd, xsum, g, acc, isum, order):
                 for r in range(R):
                     mn = I32(I32(I32(m0[r]) >> 4) * x0 + I32(I32(m1[r]) >> 4) * x1)
                     acc[1 + k, r] = fma(-F32(dx * f16_to_f32(dm[r])), F32(mn), acc[1 + k, r])
-            for r in range(R):
-                acc[18, r] = F32(dx * f16_to_f32(dw[r]))
-            lanes_fma(acc, acc[18], lanes)
+            superblock_lanes(lanes, dw, dx, False, tot, acc[18], acc)
     if file_layout and not tiled:
         lanes_hsum(acc)
     elif not file_layout:
