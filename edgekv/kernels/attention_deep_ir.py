@@ -20,6 +20,8 @@ parallel phases and their scheduling (attention_decode.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -145,6 +147,65 @@ def _scores16(n_heads, chunks):
     return scores16
 
 
+@dataclass
+class _VRow:
+    """What the code of one V accumulator row works with: the arrays (numba array structs),
+    the query heads' indices, the row, its slot count and the row widths (LLVM values)."""
+
+    na: object
+    pa: object
+    va: object
+    la: object
+    heads: list
+    row: object
+    count: object
+    hd: object
+    n_width: object
+    p_width: object
+
+
+def _v_columns(builder, vr: _VRow, c0, n_vec: int) -> None:
+    # columns c0 .. c0 + 16 n_vec - 1 of every head's accumulator row, held in registers over
+    # the row's slots, then stored into lanes
+    i64 = ir.IntType(64)
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(n_vec)]
+            for _ in vr.heads]
+    with cgutils.for_range(builder, vr.count) as loop:
+        s = builder.add(vr.row, builder.mul(loop.index, ir.Constant(i64, 64)))
+        _v_slot(builder, vr, s, c0, n_vec, accs)
+    for g, h in enumerate(vr.heads):
+        out = builder.add(builder.mul(builder.add(builder.mul(h, ir.Constant(i64, 64)), vr.row), vr.hd), c0)
+        for j in range(n_vec):
+            dst = builder.gep(vr.la.data, [builder.add(out, ir.Constant(i64, 16 * j))])
+            builder.store(builder.load(accs[g][j]), builder.bitcast(dst, V16F.as_pointer()), align=4)
+
+
+def _v_slot(builder, vr: _VRow, s, c0, n_vec: int, accs) -> None:
+    # slot s's V columns, converted from f16 once, into each head's sums that keeps the slot
+    i64 = ir.IntType(64)
+    zero = ir.Constant(FLOAT, 0.0)
+    keeps = [builder.fcmp_unordered("!=", builder.load(builder.gep(
+        vr.na.data, [builder.add(builder.mul(h, vr.n_width), s)])), zero) for h in vr.heads]
+    any_keep = keeps[0]
+    for keep in keeps[1:]:
+        any_keep = builder.or_(any_keep, keep)
+    # a slot no head keeps (outside a sliding window, or underflowed) is not read: adding
+    # nothing leaves the sums as they are
+    with builder.if_then(any_keep, likely=True):
+        base = builder.add(builder.mul(s, vr.hd), c0)
+        ahead = builder.add(base, builder.mul(vr.hd, ir.Constant(i64, V_PREFETCH_ROWS)))
+        for half in range(0, 16 * n_vec, 32):  # a cache line per 32 halves
+            prefetch(builder, builder.gep(vr.va.data, [builder.add(ahead, ir.Constant(i64, half))]))
+        v = [halves_to_float(builder, _load_vec(builder, vr.va.data, builder.add(base, ir.Constant(i64, 16 * j)),
+                                                V16S))
+             for j in range(n_vec)]
+        for g, (h, keep) in enumerate(zip(vr.heads, keeps)):
+            w = splat(builder, builder.load(builder.gep(vr.pa.data, [builder.add(builder.mul(h, vr.p_width), s)])))
+            for j in range(n_vec):
+                old = builder.load(accs[g][j])
+                builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
+
+
 def _v_rows(n_heads):
     """V sums of `n_heads` query heads (fixed here, 1..MAX_HEADS) over one accumulator row,
     each V row converted from f16 once for all of them."""
@@ -162,53 +223,18 @@ def _v_rows(n_heads):
             na, pa, va, la = arrays(context, builder, sig, args, 0, 1, 3, 6)
             i64 = ir.IntType(64)
             head, row, n = i64_args(builder, [args[2], args[4], args[5]])
-            hd = cgutils.unpack_tuple(builder, va.shape, 2)[1]
-            n_width = cgutils.unpack_tuple(builder, na.shape, 2)[1]
-            p_width = cgutils.unpack_tuple(builder, pa.shape, 2)[1]
-            heads = [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)]
             count = builder.udiv(builder.add(builder.sub(n, row), ir.Constant(i64, 63)), ir.Constant(i64, 64))
-            count = builder.select(builder.icmp_signed(">", n, row), count, ir.Constant(i64, 0))
-            zero = ir.Constant(FLOAT, 0.0)
-            def columns(c0, n_vec):
-                # columns c0 .. c0 + 16 n_vec - 1 of every head's accumulator row, held in registers
-                accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, None)) for _ in range(n_vec)]
-                        for _ in range(n_heads)]
-                with cgutils.for_range(builder, count) as loop:
-                    s = builder.add(row, builder.mul(loop.index, ir.Constant(i64, 64)))
-                    keeps = [builder.fcmp_unordered("!=", builder.load(builder.gep(
-                        na.data, [builder.add(builder.mul(h, n_width), s)])), zero) for h in heads]
-                    any_keep = keeps[0]
-                    for keep in keeps[1:]:
-                        any_keep = builder.or_(any_keep, keep)
-                    # a slot no head keeps (outside a sliding window, or underflowed) is
-                    # not read: adding nothing leaves the sums as they are
-                    with builder.if_then(any_keep, likely=True):
-                        base = builder.add(builder.mul(s, hd), c0)
-                        ahead = builder.add(base, builder.mul(hd, ir.Constant(i64, V_PREFETCH_ROWS)))
-                        for half in range(0, 16 * n_vec, 32):  # a cache line per 32 halves
-                            prefetch(builder, builder.gep(va.data, [builder.add(ahead, ir.Constant(i64, half))]))
-                        v = [halves_to_float(builder, _load_vec(builder, va.data,
-                                                                builder.add(base, ir.Constant(i64, 16 * j)), V16S))
-                             for j in range(n_vec)]
-                        for g, (h, keep) in enumerate(zip(heads, keeps)):
-                            w = splat(builder,
-                                      builder.load(builder.gep(pa.data, [builder.add(builder.mul(h, p_width), s)])))
-                            for j in range(n_vec):
-                                old = builder.load(accs[g][j])
-                                builder.store(builder.select(keep, fma16(builder, w, v[j], old), old), accs[g][j])
-                for g, h in enumerate(heads):
-                    out = builder.add(builder.mul(builder.add(builder.mul(h, ir.Constant(i64, 64)), row), hd), c0)
-                    for j in range(n_vec):
-                        dst = builder.gep(la.data, [builder.add(out, ir.Constant(i64, 16 * j))])
-                        builder.store(builder.load(accs[g][j]), builder.bitcast(dst, V16F.as_pointer()), align=4)
-
-            whole = builder.udiv(hd, ir.Constant(i64, 64))
+            vr = _VRow(na, pa, va, la, [builder.add(head, ir.Constant(i64, g)) for g in range(n_heads)], row,
+                       builder.select(builder.icmp_signed(">", n, row), count, ir.Constant(i64, 0)),
+                       cgutils.unpack_tuple(builder, va.shape, 2)[1], cgutils.unpack_tuple(builder, na.shape, 2)[1],
+                       cgutils.unpack_tuple(builder, pa.shape, 2)[1])
+            whole = builder.udiv(vr.hd, ir.Constant(i64, 64))
             with cgutils.for_range(builder, whole) as cols:  # 64 columns at a time
-                columns(builder.mul(cols.index, ir.Constant(i64, 64)), 4)
-            tail = builder.udiv(builder.urem(hd, ir.Constant(i64, 64)), ir.Constant(i64, 16))
+                _v_columns(builder, vr, builder.mul(cols.index, ir.Constant(i64, 64)), 4)
+            tail = builder.udiv(builder.urem(vr.hd, ir.Constant(i64, 64)), ir.Constant(i64, 16))
             with cgutils.for_range(builder, tail) as cols:  # then 16 (Phi-3's 96: 64 + 2 x 16)
-                columns(builder.add(builder.mul(whole, ir.Constant(i64, 64)),
-                                    builder.mul(cols.index, ir.Constant(i64, 16))), 1)
+                _v_columns(builder, vr, builder.add(builder.mul(whole, ir.Constant(i64, 64)),
+                                                    builder.mul(cols.index, ir.Constant(i64, 16))), 1)
             return context.get_dummy_value()
 
         return types.void(numerators, probs, h0, v_head, r, n_slots, lanes), codegen
