@@ -20,7 +20,8 @@ import numpy as np
 from .config import EXACT_FLAGS
 from .fp16 import f16_to_f32, f32_to_f16, nearest_int
 from .quantize import put_u16
-from .quantize_search import GROUP_MAX_EPS, make_qkx2_quants, make_qp_quants, make_qx_quants
+from .quantize_search import (GROUP_MAX_EPS, importance_weights, make_qkx2_quants, make_qp_quants, make_qx_quants,
+                              sum_squares)
 
 F32 = np.float32
 QK_K = 256
@@ -103,17 +104,10 @@ def group_scales_imat(x, qw, nmax, L, scales, mins, sw):
     # qw*sqrt(sigma2 + x^2), sigma2 = 2*mean(x^2) of the super-block; sw: each group's weight
     weights = np.empty(32, np.float32)
     laux = np.empty(32, np.uint8)
-    sum_x2 = F32(0.0)
-    for i in range(QK_K):
-        sum_x2 += x[i] * x[i]
-    sigma2 = F32(2.0) * sum_x2 / F32(QK_K)
+    sigma2 = F32(2.0) * sum_squares(x) / F32(QK_K)
     for j in range(QK_K // 32):
         g = x[32 * j:32 * j + 32]
-        sumw = F32(0.0)
-        for i in range(32):
-            weights[i] = qw[32 * j + i] * np.sqrt(sigma2 + g[i] * g[i])
-            sumw += weights[i]
-        sw[j] = sumw
+        sw[j] = importance_weights(g, qw[32 * j:32 * j + 32], sigma2, weights)
         scales[j], mins[j] = make_qkx2_quants(g, weights, nmax, L[32 * j:32 * j + 32], laux,
                                               F32(-0.9), F32(0.05), 36)
 

@@ -21,7 +21,8 @@ import numpy as np
 from .config import EXACT_FLAGS
 from .fp16 import f16_to_f32, f32_to_f16, nearest_int
 from .quantize import IQ4_NL_LEVELS, nearest_level, put_u16
-from .quantize_search import GROUP_MAX_EPS, make_q3_quants, make_qkx2_quants, make_qp_quants, make_qx_quants
+from .quantize_search import (GROUP_MAX_EPS, importance_weights, make_q3_quants, make_qkx2_quants, make_qp_quants,
+                              make_qx_quants, sum_squares)
 
 QK_K = 256
 
@@ -103,16 +104,10 @@ def q2_k_block_imat(xb, qw, blk, L):
     sw = np.empty(16, np.float32)
     ls = np.empty(16, np.uint8)
     lm = np.empty(16, np.uint8)
-    sumx2 = F32(0.0)
-    for i in range(QK_K):
-        sumx2 += xb[i] * xb[i]
-    sigma2 = sumx2 / F32(QK_K)
+    sigma2 = sum_squares(xb) / F32(QK_K)
     for j in range(16):
         g = xb[16 * j:16 * j + 16]
-        sw[j] = F32(0.0)
-        for i in range(16):
-            weight[i] = qw[16 * j + i] * np.sqrt(sigma2 + g[i] * g[i])
-            sw[j] += weight[i]
+        sw[j] = importance_weights(g, qw[16 * j:16 * j + 16], sigma2, weight)
         scales[j], mins[j] = make_qkx2_quants(g, weight, 3, L[16 * j:16 * j + 16], laux,
                                               F32(-0.9), F32(0.05), 36)
     hd = f32_to_f16(make_qp_quants(scales, 15, ls, sw))
@@ -208,17 +203,10 @@ def q3_k_block_imat(xb, qw, blk, L):
     scales = np.empty(16, np.float32)
     sw = np.empty(16, np.float32)
     ls = np.empty(16, np.int8)
-    sumx2 = F32(0.0)
-    for i in range(QK_K):
-        sumx2 += xb[i] * xb[i]
-    sigma2 = F32(2.0) * sumx2 / F32(QK_K)
+    sigma2 = F32(2.0) * sum_squares(xb) / F32(QK_K)
     for j in range(16):
         g = xb[16 * j:16 * j + 16]
-        sumw = F32(0.0)
-        for i in range(16):
-            weight[i] = qw[16 * j + i] * np.sqrt(sigma2 + g[i] * g[i])
-            sumw += weight[i]
-        sw[j] = sumw
+        sw[j] = importance_weights(g, qw[16 * j:16 * j + 16], sigma2, weight)
         scales[j] = make_qx_quants(g, 4, L[16 * j:16 * j + 16], weight)
     sc = blk[96:108]
     sc[:] = 0
@@ -286,11 +274,11 @@ def iq4_scale(xb, weight, inv, sumqx, sumq2):
 @nb.njit(**EXACT_FLAGS)
 def iq4_weights(xb, qw, sigma2, weight):
     # x^2, or with importance weights qw: qw * sqrt(sigma2 + x^2)
+    if qw.size:
+        importance_weights(xb, qw, sigma2, weight)
+        return
     for j in range(xb.size):
-        if qw.size:
-            weight[j] = qw[j] * np.sqrt(sigma2 + xb[j] * xb[j])
-        else:
-            weight[j] = xb[j] * xb[j]
+        weight[j] = xb[j] * xb[j]
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -306,10 +294,7 @@ def iq4_super_block(xs, qw, blk, L, scales, weight):
     inv = np.empty(16, np.float32)
     sumqx = np.empty(16, np.float32)
     sumq2 = np.empty(16, np.float32)
-    sigma2 = F32(0.0)
-    for j in range(xs.size):
-        sigma2 += xs[j] * xs[j]
-    sigma2 *= F32(2.0) / F32(xs.size)
+    sigma2 = sum_squares(xs) * (F32(2.0) / F32(xs.size))
     max_scale = F32(0.0)
     amax_scale = F32(0.0)
     for ib in range(n_sub):

@@ -23,6 +23,26 @@ GROUP_MAX_EPS = np.float32(1e-15)
 
 
 @nb.njit(**EXACT_FLAGS)
+def sum_squares(x):
+    # sum of x*x in order
+    s = F32(0.0)
+    for i in range(x.size):
+        s += x[i] * x[i]
+    return s
+
+
+@nb.njit(**EXACT_FLAGS)
+def importance_weights(x, qw, sigma2, out):
+    # out[i] = qw[i] * sqrt(sigma2 + x[i]^2), ggml's weight of a value by its column's
+    # importance and the block's spread; -> their sum, in order
+    total = F32(0.0)
+    for i in range(x.size):
+        out[i] = qw[i] * np.sqrt(sigma2 + x[i] * x[i])
+        total += out[i]
+    return total
+
+
+@nb.njit(**EXACT_FLAGS)
 def fit_error(diff, use_mad):
     return abs(diff) if use_mad else diff * diff
 

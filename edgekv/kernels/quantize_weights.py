@@ -22,7 +22,7 @@ from .fp16 import f32_to_f16
 from .quantize import put_u16, quantize_row
 from .quantize_k import quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k
 from .quantize_low import quantize_row_iq4, quantize_row_q2_k, quantize_row_q3_k
-from .quantize_search import make_qkx2_quants, make_qx_quants
+from .quantize_search import importance_weights, make_qkx2_quants, make_qx_quants, sum_squares
 
 F32 = np.float32
 
@@ -48,14 +48,10 @@ def quantize_row_legacy_imat(x, qw, ggml_type, dst):
     weight = np.empty(32, np.float32)
     L = np.empty(32, np.uint8)
     laux = np.empty(32, np.uint8)
-    sum_x2 = F32(0.0)
-    for j in range(x.size):
-        sum_x2 += x[j] * x[j]
-    sigma2 = sum_x2 / F32(x.size)
+    sigma2 = sum_squares(x) / F32(x.size)
     for b in range(x.size // 32):
         xb = x[32 * b:32 * b + 32]
-        for j in range(32):
-            weight[j] = qw[32 * b + j] * np.sqrt(sigma2 + xb[j] * xb[j])
+        importance_weights(xb, qw[32 * b:32 * b + 32], sigma2, weight)
         o = nbytes * b
         if with_min:
             d, the_min = make_qkx2_quants(xb, weight, 31 if five else 15, L, laux, F32(-0.9), F32(0.05), 36)
