@@ -258,8 +258,8 @@ def test_truncated_weights_and_missing_shard(checkpoint, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_bad_outtype_and_busy_to_hf_folder(checkpoint, smollm2_path, tmp_path, capsys):
-    rc, err = run_cli(capsys, checkpoint("tiny-llama"), "-o", tmp_path / "o.gguf", "--outtype", "q3_k")
-    assert rc == 1 and "q3_k" in err and "Q4_K_M" in err
+    rc, err = run_cli(capsys, checkpoint("tiny-llama"), "-o", tmp_path / "o.gguf", "--outtype", "iq2_xxs")
+    assert rc == 1 and "iq2_xxs" in err and "Q4_K_M" in err
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("mine")
     rc, err = run_cli(capsys, smollm2_path, "--to-hf", tmp_path / "busy")

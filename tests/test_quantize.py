@@ -12,35 +12,19 @@ output files from the command line are compared. Errors are checked on a tiny mo
 from __future__ import annotations
 
 import errno
-import json
 import os
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCE_DIR, load_tool
+from helpers.quantize_reference import MODELS, file_sha, reference, run_cli, short_sha
 
 from edgekv.cli import main
 from edgekv.gguf.reader import GGUFFile
 from edgekv.quantize.plan import Options, plan_quantization, tensor_type
 
-MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 SOURCES = ("F32", "F16")
 PAIR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
               "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
-
-
-def reference(model: str) -> dict:
-    path = REFERENCE_DIR / "quantize" / f"{model}.json"
-    assert path.is_file(), f"{path} missing: tools/make_quantize_reference.py makes it"
-    return json.loads(path.read_text())
-
-
-def file_sha(path: Path) -> str:
-    return load_tool("make_quantize_reference").file_sha(path)
-
-
-def short_sha(data) -> str:
-    return load_tool("make_quantize_reference").sha(data)
 
 
 def options(label: str) -> tuple[str, Options]:
@@ -150,13 +134,6 @@ def test_quantized_model_runs(source, tmp_path, smollm2_path, gemma3_path, model
 
 
 # -- errors, on a tiny model --------------------------------------------------------------
-
-
-def run_cli(capsys, *argv) -> tuple[int, str]:
-    """(exit status, stderr) with the one-time note of a first compilation left out"""
-    rc = main(["quantize", *map(str, argv)])
-    err = capsys.readouterr().err
-    return rc, "".join(line for line in err.splitlines(True) if "on first use" not in line)
 
 
 def test_unknown_type_is_one_line_and_writes_nothing(tiny_model, tmp_path, capsys):

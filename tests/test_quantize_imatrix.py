@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import pytest
 from conftest import load_tool
-from test_quantize import MODELS, file_sha, reference, run_cli, short_sha
+from helpers.quantize_reference import MODELS, file_sha, reference, run_cli, short_sha
 
 from edgekv.cli import main
 from edgekv.gguf.reader import GGUFFile
