@@ -11,7 +11,6 @@ import argparse
 import sys
 import time
 
-from ..errors import EdgeKVError
 from .common import add_backend_option, positive_int, read_text_file
 
 
@@ -92,7 +91,5 @@ def _dat_values(result, chunk_size: int):
 def _bar(total: int):
     from tqdm import tqdm
 
-    if total < 1:
-        raise EdgeKVError("no chunk to evaluate")
     return tqdm(total=total, unit="chunk", file=sys.stderr, dynamic_ncols=True, leave=False,
                 disable=not sys.stderr.isatty())

@@ -163,12 +163,12 @@ def encode(w: np.ndarray, ggml_type: T) -> np.ndarray:
         return np.ascontiguousarray(w, dtype="<f4")
     if ggml_type == T.F16:
         return np.ascontiguousarray(w, dtype="<f2")  # IEEE round-to-nearest-even, as ggml and NumPy do
-    from ..kernels.quantize_weights import quantize_weight_rows
+    from ..kernels.quantize_weights import NO_WEIGHTS, quantize_weight_rows
     from ..gguf.quants import row_nbytes
 
     rows = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, w.shape[-1])
     out = np.empty((rows.shape[0], row_nbytes(ggml_type, rows.shape[1])), np.uint8)
-    quantize_weight_rows(rows, int(ggml_type), out, np.empty(0, np.float32))
+    quantize_weight_rows(rows, int(ggml_type), out, NO_WEIGHTS)
     return out
 
 

@@ -25,6 +25,7 @@ from .quantize_low import quantize_row_iq4, quantize_row_q2_k, quantize_row_q3_k
 from .quantize_search import importance_weights, make_qkx2_quants, make_qx_quants, sum_squares
 
 F32 = np.float32
+NO_WEIGHTS = np.empty(0, np.float32)  # the importance vector of a quantization without one
 
 
 @nb.njit(**EXACT_FLAGS)

@@ -34,7 +34,6 @@ from ..kernels.jit_cache import kernels_cached, mark_warm
 from .imatrix import METADATA_KEYS
 from .plan import QUANTIZED, Options, QuantPlan, TensorPlan, block_size, plan_quantization, requires_imatrix
 
-_NONE = np.empty(0, np.float32)
 SLAB_BYTES = 64 << 20  # float32 bytes of source rows converted at once
 QUANTIZATION_VERSION = 2  # ggml's GGML_QNT_VERSION
 log = logging.getLogger("edgekv")
@@ -79,17 +78,19 @@ def check_plan(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
             raise QuantizeError(f"{g.path}: tensor {t.name!r} has type {t.src_type.name}, which edgekv cannot read")
 
 
-def check_imatrix(g: GGUFFile, plan: QuantPlan, opts: Options) -> None:
-    """A Q2_K_S file is made only with an importance matrix (a dry run just plans it)."""
+def imatrix_vectors(g: GGUFFile, plan: QuantPlan, opts: Options) -> dict[str, np.ndarray]:
+    """Each converted tensor's importance weights, picked and checked before anything is
+    written (a Q2_K_S file needs them; a matrix of another model is refused); {} without a matrix."""
     needs = next((t for t in plan.tensors if t.converts and requires_imatrix(plan, t)), None)
     if needs is not None and not opts.has_imatrix:
         raise QuantizeError(
             f"{plan.file_type} needs an importance matrix (tensor {needs.name!r} becomes Q2_K): pass "
             f"--imatrix FILE (llama-imatrix's imatrix.gguf or .dat for this model), or choose Q2_K or Q3_K_S")
-    if opts.has_imatrix:
-        opts.imatrix.check_model([t.name for t in plan.tensors], g.path)
-        for t in plan.tensors:  # every size mismatch or missing entry before anything is written
-            tensor_imatrix(plan, t, opts)
+    if not opts.has_imatrix:
+        return {}
+    opts.imatrix.check_model([t.name for t in plan.tensors], g.path)
+    vectors = {t.name: tensor_imatrix(plan, t, opts) for t in plan.tensors}
+    return {name: w for name, w in vectors.items() if w is not None}
 
 
 def tensor_imatrix(plan: QuantPlan, t: TensorPlan, opts: Options) -> np.ndarray | None:
@@ -117,7 +118,7 @@ def tensor_chunks(g: GGUFFile, t: TensorPlan, imatrix: np.ndarray | None = None)
     """The output bytes of one planned tensor, in slabs of rows (uint8 arrays): the source's
     bytes when its type is kept, else its rows dequantized to float32 and quantized (with the
     importance weights `imatrix`, ne0 per expert, when given)."""
-    from ..kernels.quantize_weights import quantize_weight_rows
+    from ..kernels.quantize_weights import NO_WEIGHTS, quantize_weight_rows
 
     src = g.tensors[t.name]
     if not t.converts:
@@ -135,7 +136,7 @@ def tensor_chunks(g: GGUFFile, t: TensorPlan, imatrix: np.ndarray | None = None)
         rows = min(step, per_expert - r % per_expert)
         raw = src.data[r * src_row:(r + rows) * src_row]
         y = np.empty((rows, dst_row), np.uint8)
-        qw = _NONE if imatrix is None else imatrix[(r // per_expert) * ne0:][:ne0]
+        qw = NO_WEIGHTS if imatrix is None else imatrix[(r // per_expert) * ne0:][:ne0]
         quantize_weight_rows(quants.dequantize(raw, t.src_type, (ne0, rows)), int(t.dst_type), y, qw)
         g.release_pages(raw)
         yield y
@@ -154,7 +155,7 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
     n_elements = sum(t.n_elements for t in plan.tensors)
     if dry_run:
         return QuantResult(plan, n_elements, before, after, 0.0)
-    check_imatrix(g, plan, opts)
+    vectors = imatrix_vectors(g, plan, opts)
     if os.path.abspath(src) == os.path.abspath(dst):
         raise QuantizeError(f"{dst}: the output would overwrite the input; choose another name")
     entries = [TensorEntry(t.name, t.shape, t.dst_type) for t in plan.tensors]
@@ -164,7 +165,7 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, type_name: st
             GGUFOutput(dst, output_metadata(g, plan, opts), entries, int(g.get("general.alignment", 32))) as out:
         for t in plan.tensors:
             bar.set_postfix_str(f"{t.name} -> {t.dst_type.name}", refresh=False)
-            for chunk in tensor_chunks(g, t, tensor_imatrix(plan, t, opts)):
+            for chunk in tensor_chunks(g, t, vectors.get(t.name)):
                 out.write(chunk)
             bar.update(t.nbytes(t.dst_type))
     bar.close()
