@@ -104,9 +104,11 @@ def test_int8dot_q8_0_extreme_codes_are_exact(codes):
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)], ids=lambda t: T(t).name)
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.Q3_K), int(T.IQ4_XS)],
+                         ids=lambda t: T(t).name)
 def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
-    # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block
+    # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block;
+    # Q3_K's and IQ4_XS's signed codes meet q8_K's -128 in every block (its largest |x|)
     rng = np.random.default_rng(ggml_type)
     n_rows, n_cols = 100, 768
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
@@ -133,9 +135,10 @@ def _per_token_orders(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)], ids=lambda t: T(t).name)
+@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.Q3_K), int(T.IQ4_XS)],
+                         ids=lambda t: T(t).name)
 def test_k_quant_tile_gemm_has_llama_cpp_orders_bits(ggml_type):
-    # gemm_k_ir.py's whole-tile kernels (the batch path, and matmul_exact from 8 tokens) against
+    # gemm_k_ir.py's and gemm_low_ir.py's whole-tile kernels (the batch path, and matmul_exact from 8 tokens) against
     # per-token portable matvecs: token counts with and without a remainder of the 4-token
     # groups and of the Q6_K tiles, a padded last row group, a zero super-block, tiny and large x
     rng = np.random.default_rng(ggml_type + 1)
@@ -305,17 +308,18 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-def test_k_stack_has_each_weights_bits_and_leaves_them_in_place():
+@pytest.mark.parametrize("kinds", [(T.Q4_K, T.Q6_K, T.Q5_K), (T.Q3_K, T.IQ4_XS, T.Q5_K)],
+                         ids=["q4_k_m", "q3_k+iq4_xs"])
+def test_k_stack_has_each_weights_bits_and_leaves_them_in_place(kinds):
     # q/k/v-like K-quant weights of one input (Q4_K, Q6_K and Q5_K mixed, as a Q4_K_M layer's
-    # q/k/v are) as one KStack: one token through all of them, every part with its own
-    # weight's matvec bits; the weights keep their own arrays; the backend projects a chunk
-    # through each weight alone (its orders differ from a lone token's)
+    # q/k/v are; Q3_K_M's Q3_K beside IQ4_XS) as one KStack: one token through all of them,
+    # every part with its own weight's matvec bits; the weights keep their own arrays; the
+    # backend projects a chunk through each weight alone (its orders differ from a lone token's)
     from edgekv.backends import get_backend
     from edgekv.kernels.row_stack import KStack, stack_of
 
     rng = np.random.default_rng(5)
     n_cols = 512
-    kinds = (T.Q4_K, T.Q6_K, T.Q5_K)
     shapes = (4 * CHUNK, CHUNK, 2 * CHUNK)
     raws = [random_rows(int(k), n, n_cols, rng) for k, n in zip(kinds, shapes)]
     alone = [QuantMatrix(raw, int(k), n, n_cols) for raw, k, n in zip(raws, kinds, shapes)]

@@ -94,5 +94,10 @@ def test_twin_weights_of_each_type_are_finite_and_small(ggml_type):
 
 
 def test_info_names_the_kernels_of_the_low_bit_types():
-    assert kernel_map.weight_kernels(int(T.IQ4_XS), True)[0] == "dot_iq lanes (exact)"
-    assert kernel_map.weight_kernels(int(T.Q3_K), True)[0] == "dot_k_low lanes (exact)"
+    # Q3_K and IQ4_XS on the int8 dot tiles where the CPU has them; IQ4_NL and Q2_K portable
+    for kind, portable in ((T.IQ4_XS, "dot_iq lanes (exact)"), (T.Q3_K, "dot_k_low lanes (exact)")):
+        assert kernel_map.weight_kernels(int(kind), False)[0] == portable
+        fast = f"{kernel_map.int8dot_name()} K-quant tiles (exact)" if kernel_map.HAS_INT8DOT else portable
+        assert kernel_map.weight_kernels(int(kind), True)[0] == fast
+    assert kernel_map.weight_kernels(int(T.IQ4_NL), True)[0] == "dot_iq lanes (exact)"
+    assert kernel_map.weight_kernels(int(T.Q2_K), True)[0] == "dot_k_low lanes (exact)"

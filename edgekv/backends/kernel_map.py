@@ -17,10 +17,12 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | Q4_K Q5_K Q6_K            | int8 dot: gemm_k_ir.py whole-tile kernels  | gemm_k_ir.py, the same kernels:    | unpack.py tiles + BLAS            |
 |                           | (q8_K acts, llama.cpp's 3 orders); else    | llama.cpp's batch orders, exact    |                                   |
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
-| Q2_K Q3_K IQ4_NL IQ4_XS   | dot_k_low.py, dot_iq.py (q8_K / q8_0 acts, | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+| Q3_K IQ4_XS               | int8 dot: gemm_low_ir.py whole-tile        | gemm_low_ir.py, the same kernels:  | unpack.py tiles + BLAS            |
+|                           | kernels (q8_K acts, vec_dot / tiled); else | llama.cpp's tiled order, exact     |                                   |
+|                           | dot_k_low.py, dot_iq.py (the same orders)  |                                    |                                   |
+| Q2_K IQ4_NL               | dot_k_low.py, dot_iq.py (q8_K / q8_0 acts, | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 |                           | llama.cpp's orders: repacked Q2_K/IQ4_NL,  |                                    |                                   |
-|                           | vec_dot, tinyBLAS, tiled); no int8 dot     |                                    |                                   |
-|                           | kernels yet                                |                                    |                                   |
+|                           | vec_dot, tinyBLAS); no int8 dot kernels yet|                                    |                                   |
 | F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
@@ -91,11 +93,11 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
     """(exact path, batch path) kernel names for a weight of ggml_type, as in the table."""
     if takes_int8dot(ggml_type, int8dot):
         return f"{ISA.name} matvec (exact)", f"{ISA.name} GEMM, q8 activations"
+    if ggml_type in K_TYPES and int8dot and HAS_INT8DOT:
+        return f"{ISA.name} K-quant tiles (exact)", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
     if ggml_type in INT8DOT_TYPES:
         exact = "dot_q lanes (exact)"
-    elif ggml_type in K_TYPES:
-        if int8dot and HAS_INT8DOT:
-            return f"{ISA.name} K-quant tiles (exact)", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
+    elif ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):
         exact = "dot_k lanes (exact)"
     elif ggml_type in (T.IQ4_NL, T.IQ4_XS):
         exact = "dot_iq lanes (exact)"

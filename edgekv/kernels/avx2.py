@@ -26,7 +26,7 @@ from numba.core import cgutils
 
 from .dot_ir import Isa
 from .intrinsics import host_has
-from .irvec import INT16, INT32, splat, vec
+from .irvec import INT16, INT32, concat, lanes as lanes_of, sign_trick, splat, vec
 
 HAS_AVX2 = host_has("avx2") and host_has("fma") and host_has("f16c")
 
@@ -46,9 +46,31 @@ def maddubs(builder, acc, codes, x4, signed=False):
     if signed:
         x = _call(builder, "llvm.x86.avx2.psign.b", V32B, [x, u])
         u = _call(builder, "llvm.abs.v32i8", V32B, [u, ir.Constant(ir.IntType(1), 0)])
+    return _pair_sums(builder, acc, u, x)
+
+
+def _pair_sums(builder, acc, u, x):
+    # acc + per 32-bit lane the 4 products of the unsigned bytes u by the signed bytes x (V32B)
     pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [u, x])
     lanes = _call(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16W, [1] * 16)])
     return lanes if acc is None else builder.add(acc, lanes)
 
 
-AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs)
+def maddubs_signed(builder, acc, codes, x4):
+    # signed codes (-127..127) by any activation bytes: |x| x (codes with x's sign), a pair
+    # at most 2 x 128 x 127 = 32512, no saturation
+    u, s = sign_trick(builder, codes, x4)
+    return _pair_sums(builder, acc, builder.bitcast(u, V32B), builder.bitcast(s, V32B))
+
+
+def pshufb(builder, idx, table):
+    # per byte table[idx] (idx bytes 0..15) with vpshufb on 32-byte pieces (any width of i32 lanes)
+    tab = ir.Constant(V32B, [int(t) for t in table] * 2)
+    parts = [builder.bitcast(_call(builder, "llvm.x86.avx2.pshuf.b", V32B,
+                                   [tab, builder.bitcast(lanes_of(builder, idx, first, 8), V32B)]), V8I)
+             for first in range(0, idx.type.count, 8)]
+    return concat(builder, parts)
+
+
+AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs,
+           dot_signed=maddubs_signed, lookup=pshufb)

@@ -67,7 +67,12 @@ class Isa:
     dot(builder, acc, codes, x4, signed=False) -> acc + per 32-bit lane of `codes` (<width x
     i32>, four code bytes each) the sum of its 4 byte products with the 4 bytes of the i32
     x4 (acc None: zero); codes are non-negative bytes unless `signed` (Q8_0's, where the
-    ISA takes them as they are); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand)."""
+    ISA takes them as they are); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand).
+    For the signed-code types of gemm_low_ir.py (Q3_K, IQ4_XS):
+    dot_signed(builder, acc, codes, x4) -> the same sums for signed code bytes in -127..127
+    and any activation bytes (q8_K's -128 too: irvec.sign_trick where the ISA multiplies
+    unsigned bytes); lookup(builder, idx, table) -> per byte table[idx] (idx bytes 0..15,
+    table 16 Python ints in -128..127), the ISA's byte shuffle."""
 
     name: str
     width: int  # rows per call: one float32 lane each
@@ -75,6 +80,8 @@ class Isa:
     rows_tokens: int  # separate tokens per exact (matvec) call: 9 accumulators each beside the codes (1: per token)
     q8_flip: bool
     dot: Callable
+    dot_signed: Callable
+    lookup: Callable
 
     def signed(self, kind) -> bool:
         """Whether the codes of weight type kind reach `dot` as signed bytes."""

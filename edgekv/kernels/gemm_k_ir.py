@@ -53,7 +53,7 @@ PREFETCH_SB = 1
 PREFETCH_LOCALITY = 2
 
 
-def _const(vtype, value):
+def const_vec(vtype, value):
     return ir.Constant(vtype, [value] * vtype.count)
 
 
@@ -65,13 +65,13 @@ def _at(builder, *index_dims):
     return flat
 
 
-def _bytes(builder, data, index, width, signed):
+def byte_vector(builder, data, index, width, signed):
     # width bytes of a u8 array from element index, widened to i32 lanes (int8 bits if signed)
     raw = builder.load(builder.bitcast(builder.gep(data, [index]), vec(INT8, width).as_pointer()), align=1)
     return (builder.sext if signed else builder.zext)(raw, vec(INT32, width))
 
 
-class _Frame:
+class TileFrame:
     """What every K-quant tile kernel unpacks from its arguments."""
 
     def __init__(self, context, builder, sig, args, width, n_t):
@@ -143,14 +143,14 @@ def _k4_chunk_sums(builder, isa, f, b, c, tbs, fifth, vi):
     lo, hi = [[None] * chains for _ in tbs], [[None] * chains for _ in tbs]
     for u in range(8):
         words = f.word(builder, f.qs, f.n_w, b, 8 * c + u, vi)
-        lo_codes = builder.and_(words, _const(vi, 0x0F0F0F0F))
-        hi_codes = builder.and_(builder.lshr(words, _const(vi, 4)), _const(vi, 0x0F0F0F0F))
+        lo_codes = builder.and_(words, const_vec(vi, 0x0F0F0F0F))
+        hi_codes = builder.and_(builder.lshr(words, const_vec(vi, 4)), const_vec(vi, 0x0F0F0F0F))
         if fifth:  # bit 2c / 2c+1 of each qh byte: the codes' fifth bit
             e = f.word(builder, f.qh, f.n_qh, b, u, vi)
             lo_codes = builder.or_(lo_codes, builder.shl(builder.and_(
-                builder.lshr(e, _const(vi, 2 * c)), _const(vi, 0x01010101)), _const(vi, 4)))
+                builder.lshr(e, const_vec(vi, 2 * c)), const_vec(vi, 0x01010101)), const_vec(vi, 4)))
             hi_codes = builder.or_(hi_codes, builder.shl(builder.and_(
-                builder.lshr(e, _const(vi, 2 * c + 1)), _const(vi, 0x01010101)), _const(vi, 4)))
+                builder.lshr(e, const_vec(vi, 2 * c + 1)), const_vec(vi, 0x01010101)), const_vec(vi, 4)))
         for i, tb in enumerate(tbs):
             j = u % chains
             lo[i][j] = isa.dot(builder, lo[i][j], lo_codes, load_at(builder, f.x4.data, tb, 64, 16 * c + u))
@@ -164,7 +164,7 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
     vi, vf = vec(INT32, W), vec(FLOAT, W)
 
     def codegen(context, builder, sig, args):
-        f = _Frame(context, builder, sig, args, W, n_t)
+        f = TileFrame(context, builder, sig, args, W, n_t)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(2 * n_t)]
         with cgutils.for_range(builder, f.n_sb) as loop:
             b = loop.index
@@ -176,7 +176,7 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
             tot = mins = [None] * n_t
             for c in range(4):
                 lo, hi = _k4_chunk_sums(builder, isa, f, b, c, tbs, fifth, vi)
-                s0, s1, m0, m1 = (_bytes(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, k), W, False)
+                s0, s1, m0, m1 = (byte_vector(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, k), W, False)
                                   for k in (2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c))
                 tot_c, mins_c = [], []
                 for i, tb in enumerate(tbs):
@@ -215,8 +215,8 @@ def _q6_codes(builder, f, b, h, half, jj, vi):
     p = f.word(builder, f.qs, f.n_w, b, w, vi)
     q = f.word(builder, f.qs, f.n_w, b, w + 8, vi)
     e = f.word(builder, f.qh, f.n_qh, b, 8 * h + 4 * half + jj, vi)
-    return [builder.or_(builder.and_(builder.lshr(low, _const(vi, shift)), _const(vi, 0x0F0F0F0F)),
-                        builder.shl(builder.and_(builder.lshr(e, _const(vi, 2 * k)), _const(vi, 0x03030303)), _const(vi, 4)))
+    return [builder.or_(builder.and_(builder.lshr(low, const_vec(vi, shift)), const_vec(vi, 0x0F0F0F0F)),
+                        builder.shl(builder.and_(builder.lshr(e, const_vec(vi, 2 * k)), const_vec(vi, 0x03030303)), const_vec(vi, 4)))
             for k, (low, shift) in enumerate(((p, 0), (q, 0), (p, 4), (q, 4)))]
 
 
@@ -226,7 +226,7 @@ def _q6_codegen(isa, n_t):
     vi, vf = vec(INT32, W), vec(FLOAT, W)
 
     def codegen(context, builder, sig, args):
-        f = _Frame(context, builder, sig, args, W, n_t)
+        f = TileFrame(context, builder, sig, args, W, n_t)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(n_t)]
         with cgutils.for_range(builder, f.n_sb) as loop:
             b = loop.index
@@ -242,7 +242,7 @@ def _q6_codegen(isa, n_t):
                                 sums[i][k] = isa.dot(builder, sums[i][k], codes, load_at(builder, f.x4.data, tb, 64, x_word))
                     for k in range(4):
                         sub = 8 * h + 2 * k + half
-                        scale = _bytes(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, sub), W, True)
+                        scale = byte_vector(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, sub), W, True)
                         for i, tb in enumerate(tbs):
                             offset = builder.mul(load_at(builder, f.xs.data, tb, 16, sub), ir.Constant(INT32, 32))
                             term = builder.mul(scale, builder.sub(sums[i][k], splat(builder, offset, vi)))
@@ -266,13 +266,13 @@ def _q6_gemv_codegen(isa):
     vi, vf = vec(INT32, W), vec(FLOAT, W)
 
     def codegen(context, builder, sig, args):
-        f = _Frame(context, builder, sig, args, W, 1)
+        f = TileFrame(context, builder, sig, args, W, 1)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(8)]
         with cgutils.for_range(builder, f.n_sb) as loop:
             b = loop.index
             tb = builder.add(builder.mul(f.toks[0], f.n_sb), b)
             f.prefetch_ahead(builder, b, W, ((f.qs, 4, 32), (f.qh, 4, 16), (f.sc, 1, 16), (f.d, 2, 1)))
-            scs = [_bytes(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, sub), W, True)
+            scs = [byte_vector(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, 16), b, sub), W, True)
                    for sub in range(16)]
             lanes = [None] * 8
             for h in range(2):
@@ -287,7 +287,7 @@ def _q6_gemv_codegen(isa):
             for j in range(8):
                 x0, x1 = load_at(builder, f.xs.data, tb, 16, 2 * j), load_at(builder, f.xs.data, tb, 16, 2 * j + 1)
                 offset = builder.add(builder.mul(scs[2 * j], splat(builder, x0, vi)), builder.mul(scs[2 * j + 1], splat(builder, x1, vi)))
-                lane = builder.sub(lanes[j], builder.mul(offset, _const(vi, 32)))
+                lane = builder.sub(lanes[j], builder.mul(offset, const_vec(vi, 32)))
                 builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(accs[j])), accs[j])
         a = [builder.load(p) for p in accs]
         s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])

@@ -20,6 +20,7 @@ from .config import EXACT_FLAGS
 from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics, rows_intrinsics
 from .dot_k_ir import k_intrinsics
 from .gemm_k_ir import k_tile_intrinsics
+from .gemm_low_ir import low_tile_intrinsics
 from .avx2 import AVX2, HAS_AVX2
 from .sdot import HAS_SDOT, SDOT
 from .vnni import HAS_VNNI, VNNI
@@ -41,11 +42,14 @@ _g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
 
 
 _k4, _k5, _q6 = k_intrinsics(ISA or VNNI)
-K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
-Q6_TOKENS = 4 if CHUNK == 16 else 2  # tokens per Q6_K tile: 16 sums + 4 codes fill the registers
+# the types on the whole-tile kernels (gemm_k_ir.py, gemm_low_ir.py: q8_K activations)
+K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.IQ4_XS)
+Q6_TOKENS = 4 if CHUNK == 16 else 2  # tokens per Q6_K (Q3_K, IQ4_XS) tile: 16 sums + 4 codes fill the registers
 _KT = k_tile_intrinsics(ISA or VNNI, Q6_TOKENS)
 _q4k_gemm, _q5k_gemm, _q4k_gemv, _q5k_gemv, _q6k_tiled, _q6k_gemv = (
     _KT[k] for k in ("q4k_gemm", "q5k_gemm", "q4k_gemv", "q5k_gemv", "q6k_tiled", "q6k_gemv"))
+_LT = low_tile_intrinsics(ISA or VNNI, Q6_TOKENS)
+_q3k_gemv, _q3k_tiled, _iq4xs_gemv, _iq4xs_tiled = (_LT[k] for k in ("q3k_gemv", "q3k_tiled", "iq4xs_gemv", "iq4xs_tiled"))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -168,37 +172,63 @@ def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
 def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
-    # out_pad f32[n_tok, G * R] = x @ W^T for a K-quant weight (gemm_k_ir.py). batch: the
-    # tokens are one chunk, in the orders llama.cpp uses for it: Q4_K/Q5_K whole groups of 4
-    # tokens per-chunk FMAs (its repacked gemm), the rest per super-block (gemv); Q6_K from 8
-    # tokens tiled, else vec_dot's lanes. Not batch: every token as a lone decode step (gemv).
+    # out_pad f32[n_tok, G * R] = x @ W^T for a K_TYPES weight (gemm_k_ir.py, gemm_low_ir.py).
+    # batch: the tokens are one chunk, in the orders llama.cpp uses for it: Q4_K/Q5_K whole
+    # groups of 4 tokens per-chunk FMAs (its repacked gemm), the rest per super-block (gemv);
+    # Q6_K, Q3_K and IQ4_XS from 8 tokens tiled, else vec_dot's lanes. Not batch: every token
+    # as a lone decode step (gemv).
     per_group = qs.shape[3] // CHUNK
     n_tok = xq4.shape[0]
     n_gemm = n_tok - n_tok % 4 if batch else 0
     for job in nb.prange(qs.shape[0] * per_group):
         g, c = job // per_group, job % per_group
-        if kind == T.Q6_K:
-            if batch and n_tok >= 8:
-                for t0 in range(0, n_tok, Q6_TOKENS):
-                    _q6k_tiled(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
-            else:
-                for t in range(n_tok):
-                    _q6k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
-        elif kind == T.Q4_K:
+        if kind == T.Q4_K:
             for t0 in range(0, n_gemm, 4):
                 _q4k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
             for t in range(n_gemm, n_tok):
                 _q4k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
-        else:
+        elif kind == T.Q5_K:
             for t0 in range(0, n_gemm, 4):
                 _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
             for t in range(n_gemm, n_tok):
                 _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+        elif batch and n_tok >= 8:
+            for t0 in range(0, n_tok, Q6_TOKENS):
+                _tiled(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+        else:
+            for t in range(n_tok):
+                _gemv(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _tiled(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad):
+    # a tile of Q6_TOKENS tokens of a Q6_K, Q3_K or IQ4_XS weight, tiled order
+    if kind == T.Q6_K:
+        _q6k_tiled(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q3_K:
+        _q3k_tiled(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+    else:
+        _iq4xs_tiled(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _gemv(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad):
+    # token t through a chunk of any K_TYPES weight, as a lone decode step
+    if kind == T.Q4_K:
+        _q4k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+    elif kind == T.Q5_K:
+        _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+    elif kind == T.Q6_K:
+        _q6k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+    elif kind == T.Q3_K:
+        _q3k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+    else:
+        _iq4xs_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
 
 
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))
 def k_gemv_many(kinds, starts, qss, qhs, scs, ds, xq4, xsum, xd, outs):
-    # one token through several K-quant weights of one row length (row_stack.KStack): member m
+    # one token through several K_TYPES weights of one row length (row_stack.KStack): member m
     # (type kinds[m], arrays qss[m].., row groups starts[m]..starts[m+1]-1 of the jobs) into
     # outs[m] f32[1, G_m * R], each row as k_gemm_chunks(batch=False) computes it; one
     # parallel region for all of them
@@ -206,10 +236,4 @@ def k_gemv_many(kinds, starts, qss, qhs, scs, ds, xq4, xsum, xd, outs):
         m = 0
         while job >= starts[m + 1]:
             m += 1
-        g = job - starts[m]
-        if kinds[m] == T.Q6_K:
-            _q6k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])
-        elif kinds[m] == T.Q4_K:
-            _q4k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])
-        else:
-            _q5k_gemv(qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, g, 0, 0, outs[m])
+        _gemv(kinds[m], qss[m], qhs[m], scs[m], ds[m], xq4, xsum, xd, job - starts[m], 0, 0, outs[m])

@@ -29,6 +29,22 @@ def splat(builder, value, vtype=V16F):
     return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(INT32, vtype.count), [0] * vtype.count))
 
 
+def sign_trick(builder, codes, x4):
+    """(u, s) for an unsigned x signed byte dot product of signed codes (<W x i32>, bytes in
+    -127..127) with the 4 bytes of the i32 x4 (any int8): u = |x| (0..128, unsigned; splat)
+    and s = the codes with x's sign (-127..127), so that u * s = code * x byte by byte.
+    (ggml's AVX2 trick puts the codes' sign on x instead, which q8_K's -128 would break.)"""
+    n = codes.type.count
+    vb = vec(ir.IntType(8), 4 * n)
+    x = builder.bitcast(splat(builder, x4, vec(INT32, n)), vb)
+    c = builder.bitcast(codes, vb)
+    negative = builder.icmp_signed("<", x, ir.Constant(vb, [0] * vb.count))
+    s = builder.select(negative, builder.sub(ir.Constant(vb, [0] * vb.count), c), c)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vb, [vb, ir.IntType(1)]), f"llvm.abs.v{vb.count}i8")
+    u = builder.call(fn, [x, ir.Constant(ir.IntType(1), 0)])
+    return builder.bitcast(u, codes.type), builder.bitcast(s, codes.type)
+
+
 def load16(builder, data, index, vtype):
     """The 16-lane vector of type vtype at element `index` of pointer data (unaligned)."""
     ptr = builder.gep(data, [index])

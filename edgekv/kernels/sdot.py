@@ -55,4 +55,18 @@ def sdot(builder, acc, codes, x4, signed=False):
     return concat(builder, parts)
 
 
-SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot)
+def tbl(builder, idx, table):
+    # per byte table[idx] (idx bytes 0..15) with tbl on the 16-byte pieces
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16B, [V16B, V16B]), "llvm.aarch64.neon.tbl1.v16i8")
+    tab = ir.Constant(V16B, [int(t) for t in table])
+    parts = [builder.bitcast(builder.call(fn, [tab, builder.bitcast(lanes(builder, idx, first, 4), V16B)]), V4I)
+             for first in range(0, idx.type.count, 4)]
+    return concat(builder, parts)
+
+
+def sdot_signed(builder, acc, codes, x4):
+    # signed codes by any activation bytes (q8_K's -128 too): sdot as it is
+    return sdot(builder, acc, codes, x4, True)
+
+
+SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot, dot_signed=sdot_signed, lookup=tbl)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from .avx2 import pshufb
 from .dot_ir import Isa
 from .intrinsics import host_has
-from .irvec import V16I, splat
+from .irvec import V16I, sign_trick, splat
 
 HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
 
@@ -24,9 +25,22 @@ HAS_VNNI = host_has("avx512vnni") and host_has("avx512f") and host_has("f16c")
 def dpbusd(builder, acc, codes, x4, signed=False):
     # (signed never: Q8_0's codes enter flipped, q8_flip)
     # acc + per 32-bit lane the sum of 4 products (unsigned bytes of codes) x (signed bytes of x4)
+    return _vpdpbusd(builder, acc, codes, splat(builder, x4, V16I))
+
+
+def _vpdpbusd(builder, acc, u, s):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
                                         "llvm.x86.avx512.vpdpbusd.512")
-    return builder.call(fn, [acc if acc is not None else ir.Constant(V16I, None), codes, splat(builder, x4, V16I)])
+    return builder.call(fn, [acc if acc is not None else ir.Constant(V16I, None), u, s])
 
 
-VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=4, q8_flip=True, dot=dpbusd)
+def dpbusd_signed(builder, acc, codes, x4):
+    # signed codes (-127..127) by any activation bytes: |x| (unsigned) x the codes with x's sign
+    u, s = sign_trick(builder, codes, x4)
+    return _vpdpbusd(builder, acc, u, s)
+
+
+# the byte shuffle: AVX2's vpshufb on 32-byte pieces (LLVM joins them where AVX512BW has the
+# 64-byte form)
+VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=4, q8_flip=True, dot=dpbusd,
+           dot_signed=dpbusd_signed, lookup=pshufb)

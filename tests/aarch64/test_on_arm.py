@@ -41,10 +41,11 @@ def test_the_cpu_has_sdot_and_the_cpu_backend_takes_it():
     assert backend.name == "cpu" and system_info(backend)["weight kernels"].startswith("sdot")
     for kind in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
         assert kernel_map.weight_kernels(kind, True) == ("sdot matvec (exact)", "sdot GEMM, q8 activations")
-    for kind in (T.Q4_K, T.Q5_K, T.Q6_K):
+    for kind, portable in ((T.Q4_K, "dot_k"), (T.Q5_K, "dot_k"), (T.Q6_K, "dot_k"), (T.Q3_K, "dot_k_low"),
+                           (T.IQ4_XS, "dot_iq")):
         assert kernel_map.weight_kernels(kind, True) == ("sdot K-quant tiles (exact)",
                                                          "sdot K-quant tiles, q8_K activations (exact)")
-        assert kernel_map.weight_kernels(kind, False)[0] == "dot_k lanes (exact)"
+        assert kernel_map.weight_kernels(kind, False)[0] == f"{portable} lanes (exact)"
 
 
 def test_smollm2_greedy_ids_are_llama_cpps():

@@ -1,0 +1,166 @@
+"""Whole Q3_K and IQ4_XS products in LLVM IR, for tiles of tokens, as gemm_k_ir.py computes
+the K-quants': the integer sums on the CPU's int8 dot instruction (int8dot.py's ISA), the
+float steps in vector registers, in llama.cpp's x86 orders, so the bits are the portable
+kernels' (dot_k_low.py, dot_iq.py) and llama.cpp's.
+
+Why: the portable kernels unpack and multiply one code at a time, per row, and store 8
+integer lanes per 32 values to scratch (a 4096 x 4096 IQ4_XS matvec: ~3 ms; the repacked
+Q4_K beside it on gemm_k_ir.py: ~0.6 ms). Here a code vector of `width` rows is four bytes
+per row, one dot instruction per 4 values of every row.
+
+Both types sum a super-block in vec_dot's 8 integer lanes: lane k holds, over the
+super-block, sub-block scale x the 4 products of values 4k..4k+3 of each 32-value run
+(Q3_K: scale_s - 32 over 16-value sub-blocks s, codes -4..3 from 2 bits of qs and one of
+hmask; IQ4_XS: ls_ib - 32 over 32-value blocks ib, levels -127..113 that the ISA's byte
+shuffle looks up from the nibbles: lanes 0-3 the low nibbles, 4-7 the high ones). Then:
+
+- `gemv` (one token, or a batch under 8): acc_k = fma(f32(d_x d_w), f32(lane_k), acc_k)
+  per super-block; at the end hsum_float_8: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
+- `tiled` (a batch of 8 or more, ORDER_TILED): T = the lanes' sum, acc = fma(f32(T) * d_w,
+  d_x, acc) per super-block, for the ISA's tile of tokens at once.
+
+The codes are signed and q8_K's activations reach -128, so they enter the ISA's
+`dot_signed` (dot_ir.Isa: |x| times the codes carrying x's sign where the instruction
+multiplies unsigned bytes). Integer sums are exact: any instruction, the same bits.
+
+Operands (repack.py's lane layout, R rows per group, a multiple of the ISA's width):
+  Q3_K:   qs u32[G, NSB, 16, R] (word 8n + k: the 2-bit codes of values 128n + 32j + 4k..+3
+          at bits 2j of its bytes), qh u32[G, NSB, 8, R] (hmask: word k, bit 4n + j of each
+          byte), sc u8[G, NSB, 16, R] (6-bit scales), d u16[G, NSB, 1, R]
+  IQ4_XS: qs u32[G, NSB, 32, R] (block ib: words 4ib..4ib+3), qh u32[G, NSB, 0, R],
+          sc u8[G, NSB, 8, R] (6-bit ls), d u16[G, NSB, 1, R]
+and xq4, xsum (unused), xd, g, c, t0, out as gemm_k_ir.py's tiles take them.
+What does not live here: the drivers (int8dot.py), the frame and helpers (gemm_k_ir.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .dot_ir import scales
+from .gemm_k_ir import I64, TileFrame, byte_vector, const_vec
+from .irvec import FLOAT, INT16, INT32, fma16, halves_to_float, load16, load_at, splat, vec
+from .quantize import IQ4_NL_LEVELS
+
+INT8 = ir.IntType(8)
+LEVELS = [int(v) for v in IQ4_NL_LEVELS]
+
+
+def _scale(builder, f, n_cols, b, k, vi):
+    # the 6-bit scale k of super-block b, minus 32, per row (i32 lanes)
+    raw = byte_vector(builder, f.sc.data, f.per_row(builder, f.sc, ir.Constant(I64, n_cols), b, k), vi.count, False)
+    return builder.sub(raw, const_vec(vi, 32))
+
+
+def _q3_terms(builder, isa, f, b, tbs, vi):
+    # (lane k, [sub-block scale x the lane's 4 products, per token]) over a Q3_K super-block
+    for n in range(2):
+        for j in range(4):
+            scs = [_scale(builder, f, 16, b, 8 * n + 2 * j + half, vi) for half in range(2)]
+            for k in range(8):
+                words = f.word(builder, f.qs, f.n_w, b, 8 * n + k, vi)
+                bits = f.word(builder, f.qh, f.n_qh, b, k, vi)
+                crumbs = builder.and_(builder.lshr(words, const_vec(vi, 2 * j)), const_vec(vi, 0x03030303))
+                high = builder.and_(builder.lshr(bits, const_vec(vi, 4 * n + j)), const_vec(vi, 0x01010101))
+                plus4 = builder.or_(crumbs, builder.shl(high, const_vec(vi, 2)))  # code + 4, 0..7 per byte
+                vb = vec(INT8, 4 * vi.count)
+                codes = builder.bitcast(builder.sub(builder.bitcast(plus4, vb), ir.Constant(vb, [4] * vb.count)), vi)
+                x_word = 32 * n + 8 * j + k
+                yield k, [builder.mul(scs[k // 4], isa.dot_signed(builder, None, codes, load_at(builder, f.x4.data, tb, 64, x_word)))
+                          for tb in tbs]
+
+
+def _iq4_terms(builder, isa, f, b, tbs, vi):
+    # (lane, [block scale x the lane's 4 products, per token]) over an IQ4_XS super-block
+    for ib in range(8):
+        ls = _scale(builder, f, 8, b, ib, vi)
+        for w in range(4):
+            words = f.word(builder, f.qs, f.n_w, b, 4 * ib + w, vi)
+            for half in range(2):
+                nibbles = builder.and_(builder.lshr(words, const_vec(vi, 4 * half)), const_vec(vi, 0x0F0F0F0F))
+                levels = isa.lookup(builder, nibbles, LEVELS)
+                x_word = 8 * ib + 4 * half + w
+                yield 4 * half + w, [builder.mul(ls, isa.dot_signed(builder, None, levels, load_at(builder, f.x4.data, tb, 64, x_word)))
+                                     for tb in tbs]
+
+
+def _streams(f, q3):
+    # what a super-block of one job reads, for TileFrame.prefetch_ahead: (array, item bytes, items per row)
+    if q3:
+        return (f.qs, 4, 16), (f.qh, 4, 8), (f.sc, 1, 16), (f.d, 2, 1)
+    return (f.qs, 4, 32), (f.sc, 1, 8), (f.d, 2, 1)
+
+
+def _gemv_codegen(isa, q3):
+    """IR body of a one-token tile (vec_dot's 8 lanes; see the module docstring)."""
+    W = isa.width
+    vi, vf = vec(INT32, W), vec(FLOAT, W)
+    terms = _q3_terms if q3 else _iq4_terms
+
+    def codegen(context, builder, sig, args):
+        f = TileFrame(context, builder, sig, args, W, 1)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(8)]
+        with cgutils.for_range(builder, f.n_sb) as loop:
+            b = loop.index
+            tb = builder.add(builder.mul(f.toks[0], f.n_sb), b)
+            f.prefetch_ahead(builder, b, W, _streams(f, q3))
+            lanes = [None] * 8
+            for k, (term,) in terms(builder, isa, f, b, [tb], vi):
+                lanes[k] = term if lanes[k] is None else builder.add(lanes[k], term)
+            scale = scales(builder, W, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), load_at(builder, f.xd.data, tb, 2, 0))
+            for k in range(8):
+                builder.store(fma16(builder, scale, builder.sitofp(lanes[k], vf), builder.load(accs[k])), accs[k])
+        a = [builder.load(p) for p in accs]
+        s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
+        s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
+        total = cgutils.alloca_once_value(builder, builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
+        f.store(builder, [total], vf)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _tiled_codegen(isa, q3, n_t):
+    """IR body of an n_t-token tile in the tiled matmul's order (see the module docstring)."""
+    W = isa.width
+    vi, vf = vec(INT32, W), vec(FLOAT, W)
+    terms = _q3_terms if q3 else _iq4_terms
+
+    def codegen(context, builder, sig, args):
+        f = TileFrame(context, builder, sig, args, W, n_t)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(vf, None)) for _ in range(n_t)]
+        with cgutils.for_range(builder, f.n_sb) as loop:
+            b = loop.index
+            tbs = [builder.add(builder.mul(t, f.n_sb), b) for t in f.toks]
+            tot = [None] * n_t
+            for _, parts in terms(builder, isa, f, b, tbs, vi):
+                tot = [p if t is None else builder.add(t, p) for t, p in zip(tot, parts)]
+            dw = halves_to_float(builder, load16(builder, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), vec(INT16, W)))
+            for i, tb in enumerate(tbs):
+                dx = splat(builder, load_at(builder, f.xd.data, tb, 2, 0), vf)
+                builder.store(fma16(builder, builder.fmul(builder.sitofp(tot[i], vf), dw), dx, builder.load(accs[i])), accs[i])
+        f.store(builder, accs, vf)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def low_tile_intrinsics(isa, tokens):
+    """{name: Numba intrinsic (qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out)} for one ISA:
+    q3k_gemv / iq4xs_gemv (one token), q3k_tiled / iq4xs_tiled (`tokens` tokens)."""
+
+    def make(codegen):
+        @intrinsic
+        def tile(typingctx, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out):
+            return types.void(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out), codegen
+
+        return tile
+
+    return {
+        "q3k_gemv": make(_gemv_codegen(isa, True)),
+        "iq4xs_gemv": make(_gemv_codegen(isa, False)),
+        "q3k_tiled": make(_tiled_codegen(isa, True, tokens)),
+        "iq4xs_tiled": make(_tiled_codegen(isa, False, tokens)),
+    }
