@@ -26,7 +26,7 @@ from numba.core import cgutils
 
 from .dot_ir import Isa
 from .intrinsics import host_has
-from .irvec import INT16, INT32, concat, lanes as lanes_of, sign_trick, splat, vec
+from .irvec import INT16, INT32, concat, lanes as lanes_of, splat, vec
 
 HAS_AVX2 = host_has("avx2") and host_has("fma") and host_has("f16c")
 
@@ -56,11 +56,20 @@ def _pair_sums(builder, acc, u, x):
     return lanes if acc is None else builder.add(acc, lanes)
 
 
-def maddubs_signed(builder, acc, codes, x4):
-    # signed codes (-127..127) by any activation bytes: |x| x (codes with x's sign), a pair
-    # at most 2 x 128 x 127 = 32512, no saturation
-    u, s = sign_trick(builder, codes, x4)
-    return _pair_sums(builder, acc, builder.bitcast(u, V32B), builder.bitcast(s, V32B))
+def maddubs_scaled(builder, acc, codes, x4, scale):
+    # acc + scale x (signed codes (-127..127) by any activation bytes), as llama.cpp's AVX2
+    # K-quant kernels: |x| (vpsignb x by x: -128 stays 0x80, 128 unsigned) by the codes
+    # carrying x's sign (vpsignb), a pair at most 2 x 128 x 127 = 32512; then vpmaddwd
+    # against the scale in both int16 halves of each lane instead of ones
+    x = builder.bitcast(splat(builder, x4, V8I), V32B)
+    c = builder.bitcast(codes, V32B)
+    u = _call(builder, "llvm.x86.avx2.psign.b", V32B, [x, x])
+    s = _call(builder, "llvm.x86.avx2.psign.b", V32B, [c, x])
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [u, s])
+    low = builder.and_(scale, ir.Constant(V8I, [0xFFFF] * 8))
+    scale16 = builder.bitcast(builder.or_(low, builder.shl(scale, ir.Constant(V8I, [16] * 8))), V16W)
+    lanes = _call(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scale16])
+    return lanes if acc is None else builder.add(acc, lanes)
 
 
 def pshufb(builder, idx, table):
@@ -73,4 +82,4 @@ def pshufb(builder, idx, table):
 
 
 AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs,
-           dot_signed=maddubs_signed, lookup=pshufb)
+           dot_scaled=maddubs_scaled, lookup=pshufb)

@@ -69,10 +69,11 @@ class Isa:
     x4 (acc None: zero); codes are non-negative bytes unless `signed` (Q8_0's, where the
     ISA takes them as they are); q8_flip: Q8_0 codes enter as code ^ 0x80 (unsigned operand).
     For the signed-code types of gemm_low_ir.py (Q3_K, IQ4_XS):
-    dot_signed(builder, acc, codes, x4) -> the same sums for signed code bytes in -127..127
-    and any activation bytes (q8_K's -128 too: irvec.sign_trick where the ISA multiplies
-    unsigned bytes); lookup(builder, idx, table) -> per byte table[idx] (idx bytes 0..15,
-    table 16 Python ints in -128..127), the ISA's byte shuffle."""
+    dot_scaled(builder, acc, codes, x4, scale) -> acc + scale (<width x i32>, each lane an
+    int16) x the same sums for signed code bytes in -127..127 and any activation bytes
+    (q8_K's -128 too: ggml's sign trick where the ISA multiplies unsigned bytes, with x's
+    sign on the codes); lookup(builder, idx, table) -> per byte table[idx] (idx bytes
+    0..15, table 16 Python ints in -128..127), the ISA's byte shuffle."""
 
     name: str
     width: int  # rows per call: one float32 lane each
@@ -80,7 +81,7 @@ class Isa:
     rows_tokens: int  # separate tokens per exact (matvec) call: 9 accumulators each beside the codes (1: per token)
     q8_flip: bool
     dot: Callable
-    dot_signed: Callable
+    dot_scaled: Callable
     lookup: Callable
 
     def signed(self, kind) -> bool:

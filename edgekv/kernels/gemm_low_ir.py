@@ -20,8 +20,9 @@ shuffle looks up from the nibbles: lanes 0-3 the low nibbles, 4-7 the high ones)
   d_x, acc) per super-block, for the ISA's tile of tokens at once.
 
 The codes are signed and q8_K's activations reach -128, so they enter the ISA's
-`dot_signed` (dot_ir.Isa: |x| times the codes carrying x's sign where the instruction
-multiplies unsigned bytes). Integer sums are exact: any instruction, the same bits.
+`dot_scaled` with their scale (dot_ir.Isa: |x| times the codes carrying x's sign where the
+instruction multiplies unsigned bytes; on AVX2 the scale rides vpmaddwd, as in llama.cpp's
+kernels). Integer sums are exact: any instruction, the same bits.
 
 Operands (repack.py's lane layout, R rows per group, a multiple of the ISA's width):
   Q3_K:   qs u32[G, NSB, 16, R] (word 8n + k: the 2-bit codes of values 128n + 32j + 4k..+3
@@ -68,7 +69,7 @@ def _q3_terms(builder, isa, f, b, tbs, vi):
                 vb = vec(INT8, 4 * vi.count)
                 codes = builder.bitcast(builder.sub(builder.bitcast(plus4, vb), ir.Constant(vb, [4] * vb.count)), vi)
                 x_word = 32 * n + 8 * j + k
-                yield k, [builder.mul(scs[k // 4], isa.dot_signed(builder, None, codes, load_at(builder, f.x4.data, tb, 64, x_word)))
+                yield k, [isa.dot_scaled(builder, None, codes, load_at(builder, f.x4.data, tb, 64, x_word), scs[k // 4])
                           for tb in tbs]
 
 
@@ -82,7 +83,7 @@ def _iq4_terms(builder, isa, f, b, tbs, vi):
                 nibbles = builder.and_(builder.lshr(words, const_vec(vi, 4 * half)), const_vec(vi, 0x0F0F0F0F))
                 levels = isa.lookup(builder, nibbles, LEVELS)
                 x_word = 8 * ib + 4 * half + w
-                yield 4 * half + w, [builder.mul(ls, isa.dot_signed(builder, None, levels, load_at(builder, f.x4.data, tb, 64, x_word)))
+                yield 4 * half + w, [isa.dot_scaled(builder, None, levels, load_at(builder, f.x4.data, tb, 64, x_word), ls)
                                      for tb in tbs]
 
 

@@ -64,9 +64,10 @@ def tbl(builder, idx, table):
     return concat(builder, parts)
 
 
-def sdot_signed(builder, acc, codes, x4):
-    # signed codes by any activation bytes (q8_K's -128 too): sdot as it is
-    return sdot(builder, acc, codes, x4, True)
+def sdot_scaled(builder, acc, codes, x4, scale):
+    # acc + scale x (signed codes by any activation bytes, q8_K's -128 too): sdot as it is
+    term = builder.mul(scale, sdot(builder, None, codes, x4, True))
+    return term if acc is None else builder.add(acc, term)
 
 
-SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot, dot_signed=sdot_signed, lookup=tbl)
+SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot, dot_scaled=sdot_scaled, lookup=tbl)

@@ -34,13 +34,15 @@ def _vpdpbusd(builder, acc, u, s):
     return builder.call(fn, [acc if acc is not None else ir.Constant(V16I, None), u, s])
 
 
-def dpbusd_signed(builder, acc, codes, x4):
-    # signed codes (-127..127) by any activation bytes: |x| (unsigned) x the codes with x's sign
+def dpbusd_scaled(builder, acc, codes, x4, scale):
+    # acc + scale x (signed codes (-127..127) by any activation bytes): |x| (unsigned) by
+    # the codes carrying x's sign (irvec.sign_trick), then one multiply
     u, s = sign_trick(builder, codes, x4)
-    return _vpdpbusd(builder, acc, u, s)
+    term = builder.mul(scale, _vpdpbusd(builder, None, u, s))
+    return term if acc is None else builder.add(acc, term)
 
 
 # the byte shuffle: AVX2's vpshufb on 32-byte pieces (LLVM joins them where AVX512BW has the
 # 64-byte form)
 VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=4, q8_flip=True, dot=dpbusd,
-           dot_signed=dpbusd_signed, lookup=pshufb)
+           dot_scaled=dpbusd_scaled, lookup=pshufb)
