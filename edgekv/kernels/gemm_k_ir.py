@@ -247,10 +247,7 @@ def _q6_codegen(isa, n_t):
                             offset = builder.mul(load_at(builder, f.xs.data, tb, 16, sub), ir.Constant(INT32, 32))
                             term = builder.mul(scale, builder.sub(sums[i][k], splat(builder, offset, vi)))
                             tot[i] = term if tot[i] is None else builder.add(tot[i], term)
-            dw = halves_to_float(builder, load16(builder, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), vec(INT16, W)))
-            for i, tb in enumerate(tbs):
-                dx = splat(builder, load_at(builder, f.xd.data, tb, 2, 0), vf)
-                builder.store(fma16(builder, builder.fmul(builder.sitofp(tot[i], vf), dw), dx, builder.load(accs[i])), accs[i])
+            tiled_fma(builder, f, b, tbs, tot, accs, W)
         f.store(builder, accs, vf)
         return context.get_dummy_value()
 
@@ -289,28 +286,46 @@ def _q6_gemv_codegen(isa):
                 offset = builder.add(builder.mul(scs[2 * j], splat(builder, x0, vi)), builder.mul(scs[2 * j + 1], splat(builder, x1, vi)))
                 lane = builder.sub(lanes[j], builder.mul(offset, const_vec(vi, 32)))
                 builder.store(fma16(builder, scale, builder.sitofp(lane, vf), builder.load(accs[j])), accs[j])
-        a = [builder.load(p) for p in accs]
-        s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
-        s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
-        total = cgutils.alloca_once_value(builder, builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
-        f.store(builder, [total], vf)
+        f.store(builder, [hsum_float_8(builder, accs)], vf)
         return context.get_dummy_value()
 
     return codegen
 
 
+def tiled_fma(builder, f, b, tbs, tot, accs, width):
+    """The tiled matmul's float step of super-block b: per token i (q8_K block tbs[i]) of the
+    tile, accs[i] = fma(f32(tot[i]) * d_w, d_x, accs[i]) (tot: its integer sums)."""
+    vf = vec(FLOAT, width)
+    dw = halves_to_float(builder, load16(builder, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), vec(INT16, width)))
+    for i, tb in enumerate(tbs):
+        dx = splat(builder, load_at(builder, f.xd.data, tb, 2, 0), vf)
+        builder.store(fma16(builder, builder.fmul(builder.sitofp(tot[i], vf), dw), dx, builder.load(accs[i])), accs[i])
+
+
+def hsum_float_8(builder, accs):
+    """The 8 lane accumulators (allocas) summed as ggml's hsum_float_8 adds its lanes:
+    ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)); an alloca holding the result."""
+    a = [builder.load(p) for p in accs]
+    s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
+    s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
+    return cgutils.alloca_once_value(builder, builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
+
+
+def tile_intrinsic(codegen):
+    """A Numba intrinsic (qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out) of a tile's IR body."""
+
+    @intrinsic
+    def tile(typingctx, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out):
+        return types.void(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out), codegen
+
+    return tile
+
+
 def k_tile_intrinsics(isa, q6_tokens):
-    """{name: Numba intrinsic (qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out)} for one ISA:
-    q4k_gemm / q5k_gemm (4 tokens, per-chunk FMAs), q4k_gemv / q5k_gemv (one token, per
-    super-block FMAs), q6k_tiled (q6_tokens tokens), q6k_gemv (one token, 8 lanes)."""
-
-    def make(codegen):
-        @intrinsic
-        def tile(typingctx, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out):
-            return types.void(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out), codegen
-
-        return tile
-
+    """{name: tile_intrinsic} for one ISA: q4k_gemm / q5k_gemm (4 tokens, per-chunk FMAs),
+    q4k_gemv / q5k_gemv (one token, per super-block FMAs), q6k_tiled (q6_tokens tokens),
+    q6k_gemv (one token, 8 lanes)."""
+    make = tile_intrinsic
     return {
         "q4k_gemm": make(_k4_codegen(isa, False, 4, True)),
         "q5k_gemm": make(_k4_codegen(isa, True, 4, True)),

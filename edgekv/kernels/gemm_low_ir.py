@@ -37,12 +37,11 @@ What does not live here: the drivers (int8dot.py), the frame and helpers (gemm_k
 from __future__ import annotations
 
 from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.core import cgutils
 
 from .dot_ir import scales
-from .gemm_k_ir import I64, TileFrame, byte_vector, const_vec
-from .irvec import FLOAT, INT16, INT32, fma16, halves_to_float, load16, load_at, splat, vec
+from .gemm_k_ir import I64, TileFrame, byte_vector, const_vec, hsum_float_8, tile_intrinsic, tiled_fma
+from .irvec import FLOAT, INT32, fma16, load_at, vec
 from .quantize import IQ4_NL_LEVELS
 
 INT8 = ir.IntType(8)
@@ -113,11 +112,7 @@ def _gemv_codegen(isa, q3):
             scale = scales(builder, W, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), load_at(builder, f.xd.data, tb, 2, 0))
             for k in range(8):
                 builder.store(fma16(builder, scale, builder.sitofp(lanes[k], vf), builder.load(accs[k])), accs[k])
-        a = [builder.load(p) for p in accs]
-        s0, s1 = builder.fadd(a[4], a[0]), builder.fadd(a[5], a[1])
-        s2, s3 = builder.fadd(a[6], a[2]), builder.fadd(a[7], a[3])
-        total = cgutils.alloca_once_value(builder, builder.fadd(builder.fadd(s0, s2), builder.fadd(s1, s3)))
-        f.store(builder, [total], vf)
+        f.store(builder, [hsum_float_8(builder, accs)], vf)
         return context.get_dummy_value()
 
     return codegen
@@ -138,10 +133,7 @@ def _tiled_codegen(isa, q3, n_t):
             tot = [None] * n_t
             for _, parts in terms(builder, isa, f, b, tbs, vi):
                 tot = [p if t is None else builder.add(t, p) for t, p in zip(tot, parts)]
-            dw = halves_to_float(builder, load16(builder, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), vec(INT16, W)))
-            for i, tb in enumerate(tbs):
-                dx = splat(builder, load_at(builder, f.xd.data, tb, 2, 0), vf)
-                builder.store(fma16(builder, builder.fmul(builder.sitofp(tot[i], vf), dw), dx, builder.load(accs[i])), accs[i])
+            tiled_fma(builder, f, b, tbs, tot, accs, W)
         f.store(builder, accs, vf)
         return context.get_dummy_value()
 
@@ -149,19 +141,11 @@ def _tiled_codegen(isa, q3, n_t):
 
 
 def low_tile_intrinsics(isa, tokens):
-    """{name: Numba intrinsic (qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out)} for one ISA:
-    q3k_gemv / iq4xs_gemv (one token), q3k_tiled / iq4xs_tiled (`tokens` tokens)."""
-
-    def make(codegen):
-        @intrinsic
-        def tile(typingctx, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out):
-            return types.void(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out), codegen
-
-        return tile
-
+    """{name: gemm_k_ir.tile_intrinsic} for one ISA: q3k_gemv / iq4xs_gemv (one token),
+    q3k_tiled / iq4xs_tiled (`tokens` tokens)."""
     return {
-        "q3k_gemv": make(_gemv_codegen(isa, True)),
-        "iq4xs_gemv": make(_gemv_codegen(isa, False)),
-        "q3k_tiled": make(_tiled_codegen(isa, True, tokens)),
-        "iq4xs_tiled": make(_tiled_codegen(isa, False, tokens)),
+        "q3k_gemv": tile_intrinsic(_gemv_codegen(isa, True)),
+        "iq4xs_gemv": tile_intrinsic(_gemv_codegen(isa, False)),
+        "q3k_tiled": tile_intrinsic(_tiled_codegen(isa, True, tokens)),
+        "iq4xs_tiled": tile_intrinsic(_tiled_codegen(isa, False, tokens)),
     }
