@@ -65,11 +65,25 @@ def maddubs_scaled(builder, acc, codes, x4, scale):
     c = builder.bitcast(codes, V32B)
     u = _call(builder, "llvm.x86.avx2.psign.b", V32B, [x, x])
     s = _call(builder, "llvm.x86.avx2.psign.b", V32B, [c, x])
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [u, s])
+    return _scaled_pairs(builder, acc, _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [u, s]), scale)
+
+
+def _scaled_pairs(builder, acc, pairs, scale):
+    # acc + vpmaddwd(pairs, the i32 scale in both int16 halves of each lane)
     low = builder.and_(scale, ir.Constant(V8I, [0xFFFF] * 8))
     scale16 = builder.bitcast(builder.or_(low, builder.shl(scale, ir.Constant(V8I, [16] * 8))), V16W)
     lanes = _call(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scale16])
     return lanes if acc is None else builder.add(acc, lanes)
+
+
+def maddubs_diff_scaled(builder, acc, low, high, x4, scale):
+    # acc + scale x ((low - high) codes by the activation bytes), low and high 0..7 unsigned:
+    # two vpmaddubsw (pairs at most 2 x 7 x 128) subtracted as int16, as llama.cpp's AVX2
+    # Q3_K kernel does with its 2-bit codes and inverted high bits
+    x = builder.bitcast(splat(builder, x4, V8I), V32B)
+    lo = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [builder.bitcast(low, V32B), x])
+    hi = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", V16W, [builder.bitcast(high, V32B), x])
+    return _scaled_pairs(builder, acc, builder.sub(lo, hi), scale)
 
 
 def pshufb(builder, idx, table):
@@ -82,4 +96,5 @@ def pshufb(builder, idx, table):
 
 
 AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs,
-           dot_scaled=maddubs_scaled, lookup=pshufb)
+           dot_scaled=maddubs_scaled,
+           dot_diff_scaled=maddubs_diff_scaled, lookup=pshufb)

@@ -11,7 +11,7 @@ per row, one dot instruction per 4 values of every row.
 Both types sum a super-block in vec_dot's 8 integer lanes: lane k holds, over the
 super-block, sub-block scale x the 4 products of values 4k..4k+3 of each 32-value run
 (Q3_K: scale_s - 32 over 16-value sub-blocks s, codes -4..3 from 2 bits of qs and one of
-hmask; IQ4_XS: ls_ib - 32 over 32-value blocks ib, levels -127..113 that the ISA's byte
+hmask, entering the ISA's `dot_diff_scaled` as crumb minus 4 x the inverted high bit; IQ4_XS: ls_ib - 32 over 32-value blocks ib, levels -127..113 that the ISA's byte
 shuffle looks up from the nibbles: lanes 0-3 the low nibbles, 4-7 the high ones). Then:
 
 - `gemv` (one token, or a batch under 8): acc_k = fma(f32(d_x d_w), f32(lane_k), acc_k)
@@ -44,7 +44,6 @@ from .gemm_k_ir import I64, TileFrame, byte_vector, const_vec, hsum_float_8, til
 from .irvec import FLOAT, INT32, fma16, load_at, vec
 from .quantize import IQ4_NL_LEVELS
 
-INT8 = ir.IntType(8)
 LEVELS = [int(v) for v in IQ4_NL_LEVELS]
 
 
@@ -55,20 +54,22 @@ def _scale(builder, f, n_cols, b, k, vi):
 
 
 def _q3_terms(builder, isa, f, b, tbs, vi):
-    # (lane k, [sub-block scale x the lane's 4 products, per token]) over a Q3_K super-block
-    for n in range(2):
-        for j in range(4):
-            scs = [_scale(builder, f, 16, b, 8 * n + 2 * j + half, vi) for half in range(2)]
-            for k in range(8):
-                words = f.word(builder, f.qs, f.n_w, b, 8 * n + k, vi)
-                bits = f.word(builder, f.qh, f.n_qh, b, k, vi)
+    # (lane k, [sub-block scale x the lane's 4 products, per token]) over a Q3_K super-block,
+    # a lane's 8 terms one after another (its sum is done early: fewer live registers);
+    # code = crumb - 4 (1 - high bit), entering the ISA as the two unsigned parts
+    for k in range(8):
+        half = k // 4  # lanes 0-3 under sub-block 8n + 2j, 4-7 under the next
+        inverted = builder.xor(f.word(builder, f.qh, f.n_qh, b, k, vi), const_vec(vi, -1))
+        for n in range(2):
+            words = f.word(builder, f.qs, f.n_w, b, 8 * n + k, vi)
+            for j in range(4):
+                scale = _scale(builder, f, 16, b, 8 * n + 2 * j + half, vi)
+                t = 4 * n + j  # the high bit's place in each hmask byte
                 crumbs = builder.and_(builder.lshr(words, const_vec(vi, 2 * j)), const_vec(vi, 0x03030303))
-                high = builder.and_(builder.lshr(bits, const_vec(vi, 4 * n + j)), const_vec(vi, 0x01010101))
-                plus4 = builder.or_(crumbs, builder.shl(high, const_vec(vi, 2)))  # code + 4, 0..7 per byte
-                vb = vec(INT8, 4 * vi.count)
-                codes = builder.bitcast(builder.sub(builder.bitcast(plus4, vb), ir.Constant(vb, [4] * vb.count)), vi)
+                moved = builder.lshr(inverted, const_vec(vi, t - 2)) if t >= 2 else builder.shl(inverted, const_vec(vi, 2 - t))
+                fours = builder.and_(moved, const_vec(vi, 0x04040404))  # 4 where the high bit is clear
                 x_word = 32 * n + 8 * j + k
-                yield k, [isa.dot_scaled(builder, None, codes, load_at(builder, f.x4.data, tb, 64, x_word), scs[k // 4])
+                yield k, [isa.dot_diff_scaled(builder, None, crumbs, fours, load_at(builder, f.x4.data, tb, 64, x_word), scale)
                           for tb in tbs]
 
 
@@ -106,12 +107,13 @@ def _gemv_codegen(isa, q3):
             b = loop.index
             tb = builder.add(builder.mul(f.toks[0], f.n_sb), b)
             f.prefetch_ahead(builder, b, W, _streams(f, q3))
-            lanes = [None] * 8
+            scale = scales(builder, W, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), load_at(builder, f.xd.data, tb, 2, 0))
+            lanes, counts = [None] * 8, [0] * 8
             for k, (term,) in terms(builder, isa, f, b, [tb], vi):
                 lanes[k] = term if lanes[k] is None else builder.add(lanes[k], term)
-            scale = scales(builder, W, f.d.data, f.per_row(builder, f.d, f.n_d, b, 0), load_at(builder, f.xd.data, tb, 2, 0))
-            for k in range(8):
-                builder.store(fma16(builder, scale, builder.sitofp(lanes[k], vf), builder.load(accs[k])), accs[k])
+                counts[k] += 1
+                if counts[k] == 8:  # the lane's last term (8 each): into its float accumulator now
+                    builder.store(fma16(builder, scale, builder.sitofp(lanes[k], vf), builder.load(accs[k])), accs[k])
         f.store(builder, [hsum_float_8(builder, accs)], vf)
         return context.get_dummy_value()
 

@@ -70,4 +70,12 @@ def sdot_scaled(builder, acc, codes, x4, scale):
     return term if acc is None else builder.add(acc, term)
 
 
-SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot, dot_scaled=sdot_scaled, lookup=tbl)
+def sdot_diff_scaled(builder, acc, low, high, x4, scale):
+    # acc + scale x ((low - high) codes by the activation bytes): the signed codes, byte by byte, on sdot
+    vb = vec(ir.IntType(8), 4 * low.type.count)
+    codes = builder.bitcast(builder.sub(builder.bitcast(low, vb), builder.bitcast(high, vb)), low.type)
+    return sdot_scaled(builder, acc, codes, x4, scale)
+
+
+SDOT = Isa("sdot", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=sdot, dot_scaled=sdot_scaled,
+           dot_diff_scaled=sdot_diff_scaled, lookup=tbl)

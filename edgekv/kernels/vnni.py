@@ -42,7 +42,15 @@ def dpbusd_scaled(builder, acc, codes, x4, scale):
     return term if acc is None else builder.add(acc, term)
 
 
+def dpbusd_diff_scaled(builder, acc, low, high, x4, scale):
+    # acc + scale x ((low - high) codes by the activation bytes), low and high unsigned
+    x = splat(builder, x4, V16I)
+    term = builder.mul(scale, builder.sub(_vpdpbusd(builder, None, low, x), _vpdpbusd(builder, None, high, x)))
+    return term if acc is None else builder.add(acc, term)
+
+
 # the byte shuffle: AVX2's vpshufb on 32-byte pieces (LLVM joins them where AVX512BW has the
 # 64-byte form)
 VNNI = Isa("avx512-vnni", width=16, gemm_tokens=8, rows_tokens=4, q8_flip=True, dot=dpbusd,
-           dot_scaled=dpbusd_scaled, lookup=pshufb)
+           dot_scaled=dpbusd_scaled,
+           dot_diff_scaled=dpbusd_diff_scaled, lookup=pshufb)
