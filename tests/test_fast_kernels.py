@@ -19,7 +19,7 @@ from edgekv.kernels import attention_q as attq
 from edgekv.kernels import fp16
 from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from edgekv.kernels.intrinsics import fma
-from edgekv.kernels.matvec import QuantMatrix
+from edgekv.kernels.matvec import QuantMatrix, quantize_chunk
 from edgekv.kernels.quantize import quantize_rows
 from edgekv.kernels.row_stack import RowStack
 from edgekv.kernels.int8dot import CHUNK, HAS_INT8DOT, ISA, TYPES as INT8DOT_TYPES
@@ -108,7 +108,7 @@ def test_int8dot_q8_0_extreme_codes_are_exact(codes):
                          ids=lambda t: T(t).name)
 def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
     # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block;
-    # Q3_K's and IQ4_XS's signed codes meet q8_K's -128 in every block (its largest |x|)
+    # Q3_K's and IQ4_XS's signed codes meet q8_K's extreme -127 in every block (its largest |x|)
     rng = np.random.default_rng(ggml_type)
     n_rows, n_cols = 100, 768
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
@@ -123,6 +123,34 @@ def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
             fast.matvec(x, a, order)
             portable.matvec(x, b, order)
             assert same_bits(a, b), (scale, order)
+
+
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("ggml_type, codes", [(int(T.Q3_K), slice(0, 96)), (int(T.IQ4_XS), slice(8, 136))],
+                         ids=["Q3_K", "IQ4_XS"])
+def test_the_most_negative_codes_times_extreme_activations_are_exact(ggml_type, codes):
+    # every code at its most negative (Q3_K -4: hmask and qs bytes 0; IQ4_XS level -127: nibble
+    # 0) and a positive spike in every 256 values, which q8_K maps to -127: the largest
+    # products of the sign trick and the AVX2 pairs (2 x 127 x 127 must not saturate)
+    rng = np.random.default_rng(3)
+    n_rows, n_cols = 32, 512
+    raw = random_rows(ggml_type, n_rows, n_cols, rng)
+    blocks = raw.reshape(-1, raw.size // (n_rows * n_cols // 256))
+    blocks[:, codes] = 0
+    fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+    portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+    x = rng.standard_normal((9, n_cols)).astype(np.float32)
+    x[:, ::256] = 100.0
+    a, b = np.zeros((9, n_rows), np.float32), np.zeros((9, n_rows), np.float32)
+    fast.matmul_exact(x, a)  # from 8 tokens: the tiled order
+    for t in range(9):
+        portable.matvec(x[t], b[t], ORDER_TILED)
+    assert same_bits(a, b)
+    fast.matvec(x[0], a[0])
+    portable.matvec(x[0], b[0], ORDER_GEMV)
+    assert same_bits(a[0], b[0])
+    xq, _, _ = quantize_chunk(x, 256)
+    assert np.all(xq[:, :, 0] == -127)  # the spikes are q8_K's extreme code
 
 
 def _per_token_orders(m: QuantMatrix, x: np.ndarray) -> np.ndarray:

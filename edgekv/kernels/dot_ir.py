@@ -71,8 +71,8 @@ class Isa:
     For the signed-code types of gemm_low_ir.py (Q3_K, IQ4_XS):
     dot_scaled(builder, acc, codes, x4, scale) -> acc + scale (<width x i32>, each lane an
     int16) x the same sums for signed code bytes in -127..127 and any activation bytes
-    (q8_K's -128 too: ggml's sign trick where the ISA multiplies unsigned bytes, with x's
-    sign on the codes); dot_diff_scaled(builder, acc, low, high, x4, scale) -> the same for
+    (-128 included, though q8_K's stay in -127..127: the sign trick where the ISA multiplies
+    unsigned bytes, with x's sign on the codes); dot_diff_scaled(builder, acc, low, high, x4, scale) -> the same for
     the codes low - high, low and high unsigned bytes in 0..7 (Q3_K's 2-bit codes and 4 x its
     inverted high bits: no sign trick); lookup(builder, idx, table) -> per byte table[idx]
     (idx bytes 0..15, table 16 Python ints in -128..127), the ISA's byte shuffle."""

@@ -19,8 +19,7 @@ shuffle looks up from the nibbles: lanes 0-3 the low nibbles, 4-7 the high ones)
 - `tiled` (a batch of 8 or more, ORDER_TILED): T = the lanes' sum, acc = fma(f32(T) * d_w,
   d_x, acc) per super-block, for the ISA's tile of tokens at once.
 
-The codes are signed and q8_K's activations reach -128, so they enter the ISA's
-`dot_scaled` with their scale (dot_ir.Isa: |x| times the codes carrying x's sign where the
+The codes are signed, so they enter the ISA's `dot_scaled` with their scale (dot_ir.Isa: |x| times the codes carrying x's sign where the
 instruction multiplies unsigned bytes; on AVX2 the scale rides vpmaddwd, as in llama.cpp's
 kernels). Integer sums are exact: any instruction, the same bits.
 

@@ -33,7 +33,8 @@ def sign_trick(builder, codes, x4):
     """(u, s) for an unsigned x signed byte dot product of signed codes (<W x i32>, bytes in
     -127..127) with the 4 bytes of the i32 x4 (any int8): u = |x| (0..128, unsigned; splat)
     and s = the codes with x's sign (-127..127), so that u * s = code * x byte by byte.
-    (ggml's AVX2 trick puts the codes' sign on x instead, which q8_K's -128 would break.)"""
+    (ggml's AVX2 trick puts the codes' sign on x instead, which needs x > -128: true of q8
+    activations, but this way nothing about x is assumed.)"""
     n = codes.type.count
     vb = vec(ir.IntType(8), 4 * n)
     x = builder.bitcast(splat(builder, x4, vec(INT32, n)), vb)

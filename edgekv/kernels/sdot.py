@@ -65,7 +65,7 @@ def tbl(builder, idx, table):
 
 
 def sdot_scaled(builder, acc, codes, x4, scale):
-    # acc + scale x (signed codes by any activation bytes, q8_K's -128 too): sdot as it is
+    # acc + scale x (signed codes by any activation bytes): sdot as it is
     term = builder.mul(scale, sdot(builder, None, codes, x4, True))
     return term if acc is None else builder.add(acc, term)
 
