@@ -17,6 +17,7 @@ from helpers.quant_rows import random_rows
 from edgekv.kernels import attention as att
 from edgekv.kernels import attention_q as attq
 from edgekv.kernels import fp16
+from edgekv.kernels.dot_iq import FILE_LAYOUT, ORDER_CHUNK
 from edgekv.kernels.dot_k import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from edgekv.kernels.intrinsics import fma
 from edgekv.kernels.matvec import QuantMatrix, quantize_chunk
@@ -34,13 +35,19 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
 
 
+def _repacked_rows(ggml_type: int, n_rows: int) -> int:
+    # IQ4_NL and Q2_K rows a multiple of 8 (37 -> 40): else llama.cpp keeps the weight in file
+    # layout, whose orders only the portable kernels follow (the file-layout test below)
+    return -(-n_rows // 8) * 8 if ggml_type in (T.IQ4_NL, T.Q2_K) else n_rows
+
+
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
 @pytest.mark.parametrize("shape", [(200, 1024), (37, 96), (8, 32)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("ggml_type", INT8DOT_TYPES, ids=lambda t: T(t).name)
 def test_int8dot_matvec_has_the_portable_kernels_bits(ggml_type, shape):
     # 200 and 37 rows: a padded last group in both layouts; 8 x 32: one block, one group
     rng = np.random.default_rng(ggml_type)
-    n_rows, n_cols = shape
+    n_rows, n_cols = _repacked_rows(ggml_type, shape[0]), shape[1]
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
@@ -65,7 +72,7 @@ def test_int8dot_rows_have_each_tokens_matvec_bits(ggml_type, shape):
     # several tokens in one call (matvec_rows: separate sequences decoded together;
     # matmul_exact: a short chunk) give each token the bits of its own portable matvec
     rng = np.random.default_rng(ggml_type + 11)
-    n_rows, n_cols = shape
+    n_rows, n_cols = _repacked_rows(ggml_type, shape[0]), shape[1]
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
@@ -103,14 +110,23 @@ def test_int8dot_q8_0_extreme_codes_are_exact(codes):
         np.testing.assert_allclose(out, sign * 128 * (codes[0] + codes[1]), rtol=1e-3)  # 8 blocks x 16 pairs
 
 
+K_TILE_TYPES = [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.Q3_K), int(T.IQ4_XS), int(T.Q2_K)]
+
+
+def _tile_rows(ggml_type: int) -> int:
+    # rows of the whole-tile tests: a padded last row group (Q2_K's: where groups are 16 rows,
+    # VNNI's; its rows must be a multiple of 8, else llama.cpp keeps it in file layout, whose
+    # orders are the portable kernels')
+    return 104 if ggml_type == T.Q2_K else 100
+
+
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.Q3_K), int(T.IQ4_XS)],
-                         ids=lambda t: T(t).name)
+@pytest.mark.parametrize("ggml_type", K_TILE_TYPES, ids=lambda t: T(t).name)
 def test_k_quant_sums_on_int8dot_have_the_portable_kernels_bits(ggml_type):
     # every llama.cpp order (dot_k.py), a padded last group, a zero activation super-block;
     # Q3_K's and IQ4_XS's signed codes meet q8_K's extreme -127 in every block (its largest |x|)
     rng = np.random.default_rng(ggml_type)
-    n_rows, n_cols = 100, 768
+    n_rows, n_cols = _tile_rows(ggml_type), 768
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
@@ -153,6 +169,38 @@ def test_the_most_negative_codes_times_extreme_activations_are_exact(ggml_type, 
     assert np.all(xq[:, :, 0] == -127)  # the spikes are q8_K's extreme code
 
 
+@pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
+@pytest.mark.parametrize("ggml_type", [int(T.Q2_K), int(T.IQ4_NL)], ids=lambda t: T(t).name)
+def test_file_layout_weights_keep_llama_cpps_file_orders(ggml_type):
+    # llama.cpp repacks a Q2_K or IQ4_NL weight only when its rows are a multiple of 8 and it
+    # is not a tied output; the others it sums in vec_dot's, the tiled and tinyBLAS's orders,
+    # which the IR kernels do not follow: such weights stay on the portable kernels
+    # (dot_k_low.py, dot_iq.py), with their bits
+    rng = np.random.default_rng(11)
+    n_cols = 512
+    x = rng.standard_normal((9, n_cols)).astype(np.float32)
+    for n_rows, tied in ((100, False), (104, True)):
+        raw = random_rows(ggml_type, n_rows, n_cols, rng)
+        fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
+        portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
+        assert (fast.sums_on_int8dot or fast.uses_int8dot) == tied
+        if tied:
+            repacked = np.zeros((1, n_rows), np.float32)
+            fast.matvec(x[0], repacked[0])
+            fast.keep_file_order()
+            portable.keep_file_order()
+            assert not (fast.sums_on_int8dot or fast.uses_int8dot)
+        a, b = np.zeros((9, n_rows), np.float32), np.zeros((9, n_rows), np.float32)
+        fast.matmul_exact(x, a)  # 9 tokens: the file layout's tiled (tinyBLAS) order
+        for t in range(9):
+            portable.matvec(x[t], b[t], ORDER_TILED | ORDER_CHUNK | FILE_LAYOUT)
+        assert same_bits(a, b)
+        fast.matvec(x[0], a[0])
+        portable.matvec(x[0], b[0], ORDER_GEMV | FILE_LAYOUT)  # vec_dot's lanes
+        assert same_bits(a[0], b[0])
+    assert not same_bits(a[0], repacked[0])  # another order: other last bits
+
+
 def _per_token_orders(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
     # llama.cpp's batch orders token by token on the portable kernels (QuantMatrix.matmul_exact's rule)
     n_tok, n_gemm = x.shape[0], x.shape[0] - x.shape[0] % 4
@@ -163,14 +211,13 @@ def _per_token_orders(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-@pytest.mark.parametrize("ggml_type", [int(T.Q4_K), int(T.Q5_K), int(T.Q6_K), int(T.Q3_K), int(T.IQ4_XS)],
-                         ids=lambda t: T(t).name)
+@pytest.mark.parametrize("ggml_type", K_TILE_TYPES, ids=lambda t: T(t).name)
 def test_k_quant_tile_gemm_has_llama_cpp_orders_bits(ggml_type):
     # gemm_k_ir.py's and gemm_low_ir.py's whole-tile kernels (the batch path, and matmul_exact from 8 tokens) against
     # per-token portable matvecs: token counts with and without a remainder of the 4-token
     # groups and of the Q6_K tiles, a padded last row group, a zero super-block, tiny and large x
     rng = np.random.default_rng(ggml_type + 1)
-    n_rows, n_cols = 100, 768
+    n_rows, n_cols = _tile_rows(ggml_type), 768
     raw = random_rows(ggml_type, n_rows, n_cols, rng)
     fast = QuantMatrix(raw, ggml_type, n_rows, n_cols)
     portable = QuantMatrix(raw, ggml_type, n_rows, n_cols, use_int8dot=False)
@@ -336,8 +383,8 @@ def test_row_stack_has_each_weights_bits_and_shares_its_memory(ggml_type):
 
 
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
-@pytest.mark.parametrize("kinds", [(T.Q4_K, T.Q6_K, T.Q5_K), (T.Q3_K, T.IQ4_XS, T.Q5_K)],
-                         ids=["q4_k_m", "q3_k+iq4_xs"])
+@pytest.mark.parametrize("kinds", [(T.Q4_K, T.Q6_K, T.Q5_K), (T.Q3_K, T.IQ4_XS, T.Q2_K)],
+                         ids=["q4_k_m", "q3_k+iq4_xs+q2_k"])
 def test_k_stack_has_each_weights_bits_and_leaves_them_in_place(kinds):
     # q/k/v-like K-quant weights of one input (Q4_K, Q6_K and Q5_K mixed, as a Q4_K_M layer's
     # q/k/v are; Q3_K_M's Q3_K beside IQ4_XS) as one KStack: one token through all of them,

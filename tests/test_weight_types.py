@@ -94,10 +94,13 @@ def test_twin_weights_of_each_type_are_finite_and_small(ggml_type):
 
 
 def test_info_names_the_kernels_of_the_low_bit_types():
-    # Q3_K and IQ4_XS on the int8 dot tiles where the CPU has them; IQ4_NL and Q2_K portable
-    for kind, portable in ((T.IQ4_XS, "dot_iq lanes (exact)"), (T.Q3_K, "dot_k_low lanes (exact)")):
+    # every low-bit type on the int8 dot tiles where the CPU has them (Q2_K and IQ4_NL when
+    # llama.cpp repacks them), else the portable lanes
+    isa = kernel_map.int8dot_name()
+    for kind, portable, fast in (
+            (T.IQ4_XS, "dot_iq lanes (exact)", f"{isa} K-quant tiles (exact)"),
+            (T.Q3_K, "dot_k_low lanes (exact)", f"{isa} K-quant tiles (exact)"),
+            (T.Q2_K, "dot_k_low lanes (exact)", f"{isa} K-quant tiles (exact; file layout: dot_k_low lanes)"),
+            (T.IQ4_NL, "dot_iq lanes (exact)", f"{isa} IQ4_NL tiles (exact; file layout: dot_iq lanes)")):
         assert kernel_map.weight_kernels(int(kind), False)[0] == portable
-        fast = f"{kernel_map.int8dot_name()} K-quant tiles (exact)" if kernel_map.HAS_INT8DOT else portable
-        assert kernel_map.weight_kernels(int(kind), True)[0] == fast
-    assert kernel_map.weight_kernels(int(T.IQ4_NL), True)[0] == "dot_iq lanes (exact)"
-    assert kernel_map.weight_kernels(int(T.Q2_K), True)[0] == "dot_k_low lanes (exact)"
+        assert kernel_map.weight_kernels(int(kind), True)[0] == (fast if kernel_map.HAS_INT8DOT else portable)

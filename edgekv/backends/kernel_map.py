@@ -17,12 +17,14 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 | Q4_K Q5_K Q6_K            | int8 dot: gemm_k_ir.py whole-tile kernels  | gemm_k_ir.py, the same kernels:    | unpack.py tiles + BLAS            |
 |                           | (q8_K acts, llama.cpp's 3 orders); else    | llama.cpp's batch orders, exact    |                                   |
 |                           | dot_k.py (the same orders)                 |                                    |                                   |
-| Q3_K IQ4_XS               | int8 dot: gemm_low_ir.py whole-tile        | gemm_low_ir.py, the same kernels:  | unpack.py tiles + BLAS            |
-|                           | kernels (q8_K acts, vec_dot / tiled); else | llama.cpp's tiled order, exact     |                                   |
-|                           | dot_k_low.py, dot_iq.py (the same orders)  |                                    |                                   |
-| Q2_K IQ4_NL               | dot_k_low.py, dot_iq.py (q8_K / q8_0 acts, | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
-|                           | llama.cpp's orders: repacked Q2_K/IQ4_NL,  |                                    |                                   |
-|                           | vec_dot, tinyBLAS); no int8 dot kernels yet|                                    |                                   |
+| Q3_K IQ4_XS Q2_K          | int8 dot: gemm_low_ir.py whole-tile        | gemm_low_ir.py, the same kernels:  | unpack.py tiles + BLAS            |
+|                           | kernels (q8_K acts, vec_dot / tiled; Q2_K: | llama.cpp's batch orders, exact    |                                   |
+|                           | its repacked gemv / gemm); else dot_k_low, |                                    |                                   |
+|                           | dot_iq.py (the same orders)                |                                    |                                   |
+| IQ4_NL                    | int8 dot: dot_ir.py GEMM tiles (q8_0 acts, | dot_ir.py, the same tiles, exact   | unpack.py tiles + BLAS            |
+|                           | llama.cpp's repacked order); else dot_iq.py|                                    |                                   |
+| Q2_K IQ4_NL in file layout| dot_k_low.py, dot_iq.py (llama.cpp's       | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+| (rows % 8, tied output)   | vec_dot, tiled, tinyBLAS orders)           |                                    |                                   |
 | F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 
 A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
@@ -91,16 +93,21 @@ def takes_int8dot(ggml_type: int, int8dot: bool) -> bool:
 
 def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
     """(exact path, batch path) kernel names for a weight of ggml_type, as in the table."""
+    # llama.cpp keeps a Q2_K / IQ4_NL weight whose rows are not a multiple of 8 (or a tied
+    # output) in file layout, with its own orders: those stay on the portable kernels
+    unrepacked = {T.Q2_K: "; file layout: dot_k_low lanes", T.IQ4_NL: "; file layout: dot_iq lanes"}.get(ggml_type, "")
     if takes_int8dot(ggml_type, int8dot):
+        if ggml_type == T.IQ4_NL:  # its repacked order, the same for any number of tokens
+            return f"{ISA.name} IQ4_NL tiles (exact{unrepacked})", f"{ISA.name} IQ4_NL tiles, q8 activations (exact)"
         return f"{ISA.name} matvec (exact)", f"{ISA.name} GEMM, q8 activations"
     if ggml_type in K_TYPES and int8dot and HAS_INT8DOT:
-        return f"{ISA.name} K-quant tiles (exact)", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
-    if ggml_type in INT8DOT_TYPES:
+        return f"{ISA.name} K-quant tiles (exact{unrepacked})", f"{ISA.name} K-quant tiles, q8_K activations (exact)"
+    if ggml_type in (T.IQ4_NL, T.IQ4_XS):
+        exact = "dot_iq lanes (exact)"
+    elif ggml_type in INT8DOT_TYPES:
         exact = "dot_q lanes (exact)"
     elif ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K):
         exact = "dot_k lanes (exact)"
-    elif ggml_type in (T.IQ4_NL, T.IQ4_XS):
-        exact = "dot_iq lanes (exact)"
     elif ggml_type in (T.Q2_K, T.Q3_K):
         exact = "dot_k_low lanes (exact)"
     else:

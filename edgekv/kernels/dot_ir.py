@@ -26,10 +26,15 @@ the float steps, and the bits, are the same whatever the instruction:
   then acc_t = fma(f32(d_w * d_x), float(sum), acc_t) (+ m_w * s_x); the block's code
   vectors are built once for the ISA's `gemm_tokens` tokens. Not llama.cpp's order (its
   batched kernels have their own); used for chunks of BATCH_MIN_TOKENS tokens or more.
+  For IQ4_NL it is llama.cpp's order at every batch size, one token included (its
+  repacked iq4_nl_8x8 gemv and gemm): the codes are the nibbles' levels from the ISA's
+  byte shuffle (`Isa.iq4_table`: level + 128 where q8_flip, 128 x the sum coming back off;
+  as they are, signed, elsewhere).
 
 Operands (C-contiguous; G row groups of R rows, NB blocks of 32 values, repack.py with
 lanes = a multiple of the ISA's width):
-  qs    u32[G, NB, 8, R]    block codes, 4 bytes per word, row g*R + r in lane r
+  qs    u32[G, NB, 8, R]    block codes, 4 bytes per word, row g*R + r in lane r (4 words
+                            for the 4-bit types: low nibbles values 0..15, high 16..31)
   qh    u32[G, NB, 1, R]    Q5_0/Q5_1: the 32 fifth bits per row; else size 0
   d     u16[G, NB, D, R]    f16 bits of the block scale d (and Q4_1/Q5_1's min m: D = 2)
   xq4   i32[(T,) NB, 8]     the token's q8 codes, 4 bytes per word (activations.py)
@@ -50,6 +55,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args, load16, load_at, prefetch, splat, vec
+from .quantize import IQ4_NL_LEVELS
 
 # A decode step reads every weight from DRAM (the output matrix has swept the caches), in
 # jobs of a few KiB, too short for the hardware prefetchers to ramp up: the matvec kernel
@@ -57,7 +63,8 @@ from .irvec import FLOAT, INT16, INT32, arrays, fma16, halves_to_float, i64_args
 # its next groups). SmolLM2 on an AVX2 EPYC, 2 threads: 7.8-8.1 -> 7.2-7.4 ms per token.
 PREFETCH_BYTES = 2048
 
-TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types these kernels serve
+TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)  # the weight types of every kernel here
+IQ4_LEVELS = [int(v) for v in IQ4_NL_LEVELS]
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,17 @@ class Isa:
 
     def signed(self, kind) -> bool:
         """Whether the codes of weight type kind reach `dot` as signed bytes."""
-        return kind == T.Q8_0 and not self.q8_flip
+        return kind in (T.Q8_0, T.IQ4_NL) and not self.q8_flip
 
     def offset(self, kind) -> int:
         """What the codes fed to `dot` exceed ggml's signed codes by, for weight type kind."""
-        return {T.Q8_0: 128 if self.q8_flip else 0, T.Q4_0: 8, T.Q5_0: 16}.get(kind, 0)
+        flip = 128 if self.q8_flip else 0
+        return {T.Q8_0: flip, T.IQ4_NL: flip, T.Q4_0: 8, T.Q5_0: 16}.get(kind, 0)
+
+    def iq4_table(self) -> list[int]:
+        """IQ4_NL's 16 levels as `lookup` bytes: as they are, or flipped to level + 128 (as
+        signed bytes) where the codes enter unsigned (q8_flip)."""
+        return [(v + 128 + 128) % 256 - 128 if self.q8_flip else v for v in IQ4_LEVELS]
 
 
 def block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0):
@@ -120,8 +133,20 @@ def block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0):
             code = builder.and_(builder.lshr(words, const(4)), const(0x0F0F0F0F))
         if kind in (T.Q5_0, T.Q5_1):
             code = builder.or_(code, _fifth_bits(builder, bits, 4 * j if j < 4 else 16 + 4 * (j - 4), const))
+        if kind == T.IQ4_NL:  # the nibbles index the 16 levels (the ISA's byte shuffle)
+            code = isa.lookup(builder, code, isa.iq4_table())
         codes.append(code)
     return codes
+
+
+def _prefetch_codes(builder, qs, gb, n_words, R, row0, size):
+    # ask for the code bytes PREFETCH_BYTES ahead of block gb's `size` bytes for these rows
+    if not PREFETCH_BYTES:
+        return
+    i64 = ir.IntType(64)
+    at = builder.add(builder.mul(builder.mul(gb, n_words), R), row0)
+    for line in range(0, size, 64):
+        prefetch(builder, builder.gep(qs.data, [builder.add(at, ir.Constant(i64, (PREFETCH_BYTES + line) // 4))]))
 
 
 def _fifth_bits(builder, bits, first, const):
@@ -213,10 +238,7 @@ def chunk_codegen(kind, isa, n_t=0):
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
-            if PREFETCH_BYTES:
-                at = builder.add(builder.mul(builder.mul(gb, n_words), R), row0)
-                for line in range(0, 4 * W * n_words_max(kind), 64):
-                    prefetch(builder, builder.gep(qs.data, [builder.add(at, ir.Constant(i64, (PREFETCH_BYTES + line) // 4))]))
+            _prefetch_codes(builder, qs, gb, n_words, R, row0, 4 * W * n_words_max(kind))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
             w_d = halves_to_float(builder, load16(builder, d.data, d_base, vec(INT16, W)))
             w_m = None
@@ -237,11 +259,11 @@ def chunk_codegen(kind, isa, n_t=0):
     return codegen
 
 
-def gemm_codegen(kind, isa):
-    """IR body: (qs, qh, d, xq4, xsum, xd, g, c, t0, out) -> out[t0 : t0 + gemm_tokens,
-    g*R + width*c : +width]; tokens past the end of xq4 are computed on the last token and
-    not stored. xq4, xsum, xd have a token axis; out: f32[n_tok, >= G * R]."""
-    W, n_t = isa.width, isa.gemm_tokens
+def gemm_codegen(kind, isa, n_t=0):
+    """IR body: (qs, qh, d, xq4, xsum, xd, g, c, t0, out) -> out[t0 : t0 + n_t (default:
+    gemm_tokens), g*R + width*c : +width]; tokens past the end of xq4 are computed on the
+    last token and not stored. xq4, xsum, xd have a token axis; out: f32[n_tok, >= G * R]."""
+    W, n_t = isa.width, n_t or isa.gemm_tokens
     vf = vec(FLOAT, W)
 
     def codegen(context, builder, sig, args):
@@ -264,6 +286,8 @@ def gemm_codegen(kind, isa):
             b = loop.index
             gb = builder.add(builder.mul(g, n_blocks), b)
             d_base = builder.add(builder.mul(builder.mul(gb, n_dcols), R), row0)
+            if n_t == 1:  # a decode step: the weight streams from DRAM (see PREFETCH_BYTES)
+                _prefetch_codes(builder, qs, gb, n_words, R, row0, 4 * W * n_words_max(kind))
             codes = block_codes(builder, isa, kind, qs, qh, gb, n_words, R, row0)
             for i, t in enumerate(toks):
                 tb = builder.add(builder.mul(t, n_blocks), b)
@@ -316,14 +340,15 @@ def rows_intrinsics(isa, n_t) -> dict:
     return {kind: make(kind) for kind in TYPES}
 
 
-def gemm_intrinsics(isa) -> dict:
-    """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, t0, out)} for one ISA."""
+def gemm_intrinsics(isa, kinds=TYPES, n_t=0) -> dict:
+    """{weight type: Numba intrinsic (qs, qh, d, xq4, xsum, xd, g, c, t0, out)} for one ISA:
+    gemm_codegen's tiles of n_t tokens (default gemm_tokens) for each of kinds."""
 
     def make(kind):
         @intrinsic
         def gemm(typingctx, qs, qh, d, xq4, xsum, xd, g, c, t0, out):
-            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), gemm_codegen(kind, isa)
+            return types.void(qs, qh, d, xq4, xsum, xd, g, c, t0, out), gemm_codegen(kind, isa, n_t)
 
         return gemm
 
-    return {kind: make(kind) for kind in TYPES}
+    return {kind: make(kind) for kind in kinds}

@@ -190,21 +190,32 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
                     tot = [builder.add(a, x) for a, x in zip(tot, tot_c)]
                     mins = [builder.add(a, x) for a, x in zip(mins, mins_c)]
                 if per_chunk or c == 3:
-                    for i in range(n_t):
-                        acc, accm = accs[2 * i], accs[2 * i + 1]
-                        builder.store(fma16(builder, builder.sitofp(tot[i], vf), scales(builder, W, f.d.data, d_at, dxs[i]),
-                                            builder.load(acc)), acc)
-                        dmin_at = builder.add(d_at, f.R)
-                        builder.store(fma16(builder, builder.sitofp(mins[i], vf),
-                                            scales(builder, W, f.d.data, dmin_at, dxs[i]), builder.load(accm)), accm)
-        results = []
-        for i in range(n_t):
-            results.append(cgutils.alloca_once_value(
-                builder, builder.fsub(builder.load(accs[2 * i]), builder.load(accs[2 * i + 1]))))
-        f.store(builder, results, vf)
+                    min_fmas(builder, f, d_at, dxs, tot, mins, accs, W)
+        store_differences(builder, f, accs, vf)
         return context.get_dummy_value()
 
     return codegen
+
+
+def min_fmas(builder, f, d_at, dxs, tot, mins, accs, width):
+    """The repacked Q4_K/Q5_K/Q2_K kernels' float step, per token i of the tile:
+    accs[2i] = fma(f32(tot[i]), f32(d_w d_x), accs[2i]) and accs[2i + 1] = fma(f32(mins[i]),
+    f32(dmin_w d_x), accs[2i + 1]) (d_at: the flat index of d_w; dmin_w R further)."""
+    vf = vec(FLOAT, width)
+    for i, dx in enumerate(dxs):
+        acc, accm = accs[2 * i], accs[2 * i + 1]
+        builder.store(fma16(builder, builder.sitofp(tot[i], vf), scales(builder, width, f.d.data, d_at, dx),
+                            builder.load(acc)), acc)
+        dmin_at = builder.add(d_at, f.R)
+        builder.store(fma16(builder, builder.sitofp(mins[i], vf), scales(builder, width, f.d.data, dmin_at, dx),
+                            builder.load(accm)), accm)
+
+
+def store_differences(builder, f, accs, vf):
+    """Store each token's accs[2i] - accs[2i + 1] (min_fmas' two sums): the result."""
+    results = [cgutils.alloca_once_value(builder, builder.fsub(builder.load(accs[2 * i]), builder.load(accs[2 * i + 1])))
+               for i in range(len(accs) // 2)]
+    f.store(builder, results, vf)
 
 
 def _q6_codes(builder, f, b, h, half, jj, vi):

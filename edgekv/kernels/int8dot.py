@@ -17,7 +17,7 @@ import numba as nb
 from gguf import GGMLQuantizationType as T
 
 from .config import EXACT_FLAGS
-from .dot_ir import TYPES, chunk_intrinsics, gemm_intrinsics, rows_intrinsics
+from .dot_ir import TYPES as IR_TYPES, chunk_intrinsics, gemm_intrinsics, rows_intrinsics
 from .dot_k_ir import k_intrinsics
 from .gemm_k_ir import k_tile_intrinsics
 from .gemm_low_ir import low_tile_intrinsics
@@ -31,19 +31,27 @@ CHUNK = (ISA or VNNI).width  # rows per call; repacked groups are a multiple of 
 TOKENS = (ISA or VNNI).gemm_tokens  # tokens per GEMM call
 ROWS_TOKENS = (ISA or VNNI).rows_tokens  # separate tokens per exact multi-token call (1: per token)
 
+# the 32-value block types these kernels serve: IR_TYPES on every kernel of dot_ir.py, and
+# IQ4_NL repacked (rows a multiple of 8; in file layout llama.cpp sums it in vec_dot's and
+# tinyBLAS's orders, dot_iq.py's) on its GEMM tiles alone: llama.cpp's iq4_nl_8x8 gemv and
+# gemm share one order, acc = fma(f32(S_b), f32(d_w d_x), acc) block after block
+TYPES = IR_TYPES + (T.IQ4_NL,)
 _C = chunk_intrinsics(ISA or VNNI)
-_c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in TYPES)
+_c_q8_0, _c_q4_0, _c_q4_1, _c_q5_0, _c_q5_1 = (_C[k] for k in IR_TYPES)
 _R = rows_intrinsics(ISA or VNNI, max(2, ROWS_TOKENS))
-_r_q8_0, _r_q4_0, _r_q4_1, _r_q5_0, _r_q5_1 = (_R[k] for k in TYPES)
+_r_q8_0, _r_q4_0, _r_q4_1, _r_q5_0, _r_q5_1 = (_R[k] for k in IR_TYPES)
 _P = rows_intrinsics(ISA or VNNI, 2)
-_p_q8_0, _p_q4_0, _p_q4_1, _p_q5_0, _p_q5_1 = (_P[k] for k in TYPES)
+_p_q8_0, _p_q4_0, _p_q4_1, _p_q5_0, _p_q5_1 = (_P[k] for k in IR_TYPES)
 _G = gemm_intrinsics(ISA or VNNI)
-_g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in TYPES)
+_g_q8_0, _g_q4_0, _g_q4_1, _g_q5_0, _g_q5_1 = (_G[k] for k in IR_TYPES)
+_nl_tile = gemm_intrinsics(ISA or VNNI, (T.IQ4_NL,))[T.IQ4_NL]  # TOKENS tokens
+_nl_one = gemm_intrinsics(ISA or VNNI, (T.IQ4_NL,), 1)[T.IQ4_NL]  # one token
 
 
 _k4, _k5, _q6 = k_intrinsics(ISA or VNNI)
 # the types on the whole-tile kernels (gemm_k_ir.py, gemm_low_ir.py: q8_K activations)
-K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.IQ4_XS)
+# (Q2_K repacked only: in file layout llama.cpp sums it in other orders, dot_k_low.py's)
+K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.IQ4_XS, T.Q2_K)
 Q6_TOKENS = 4 if CHUNK == 16 else 2  # tokens per Q6_K tile: 16 sums + 4 codes fill the registers
 _KT = k_tile_intrinsics(ISA or VNNI, Q6_TOKENS)
 _q4k_gemm, _q5k_gemm, _q4k_gemv, _q5k_gemv, _q6k_tiled, _q6k_gemv = (
@@ -53,7 +61,8 @@ _q4k_gemm, _q5k_gemm, _q4k_gemv, _q5k_gemv, _q6k_tiled, _q6k_gemv = (
 # faster, measured paired on a Zen 3)
 LOW_TOKENS = 4
 _LT = low_tile_intrinsics(ISA or VNNI, LOW_TOKENS)
-_q3k_gemv, _q3k_tiled, _iq4xs_gemv, _iq4xs_tiled = (_LT[k] for k in ("q3k_gemv", "q3k_tiled", "iq4xs_gemv", "iq4xs_tiled"))
+_q3k_gemv, _q3k_tiled, _iq4xs_gemv, _iq4xs_tiled, _q2k_gemv, _q2k_gemm = (
+    _LT[k] for k in ("q3k_gemv", "q3k_tiled", "iq4xs_gemv", "iq4xs_tiled", "q2k_gemv", "q2k_gemm"))
 
 
 @nb.njit(**EXACT_FLAGS)
@@ -71,9 +80,30 @@ def q6_runs(qs, qh, g, b, h, half, xq4, s):
     _q6(qs, qh, g, b, h, half, xq4, s)
 
 
+@nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
+def nl_chunks(qs, qh, d, xq4, xsum, xd, out_pad):
+    # out_pad f32[n_tok, G * R] = x @ W^T for a repacked IQ4_NL weight, every token in
+    # llama.cpp's one order (see TYPES): TOKENS-token tiles, the rest one by one
+    per_group = qs.shape[3] // CHUNK
+    n_tok = xq4.shape[0]
+    for job in nb.prange(qs.shape[0] * per_group):
+        g, c = job // per_group, job % per_group
+        t = 0
+        while t + TOKENS <= n_tok:
+            _nl_tile(qs, qh, d, xq4, xsum, xd, g, c, t, out_pad)
+            t += TOKENS
+        for t in range(t, n_tok):
+            _nl_one(qs, qh, d, xq4, xsum, xd, g, c, t, out_pad)
+
+
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math: it would reorder the IR's float steps
 def matvec_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     # every CHUNK-row chunk of every group, one token: out_pad f32[G * R] (R a multiple of CHUNK)
+    if kind == T.IQ4_NL:
+        nb_ = xq4.shape[0]
+        nl_chunks(qs, qh, d, xq4.reshape(1, nb_, 8), xsum.reshape(1, nb_, 16), xd.reshape(1, nb_, 2),
+                  out_pad.reshape(1, out_pad.size))
+        return
     per_group = qs.shape[3] // CHUNK
     for g in nb.prange(qs.shape[0]):  # a group's chunks on one thread: its memory is one stream
         for c in range(per_group):
@@ -95,6 +125,9 @@ def matvec_chunks_rows(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     # axis too; out_pad f32[T, G * R]), each token's products exactly matvec_chunks': a
     # chunk's weights come from memory once for all tokens, and where the ISA's registers
     # allow (ROWS_TOKENS > 1) its codes are built once per ROWS_TOKENS tokens, then per 2
+    if kind == T.IQ4_NL:
+        nl_chunks(qs, qh, d, xq4, xsum, xd, out_pad)
+        return
     per_group = qs.shape[3] // CHUNK
     n_tok = xq4.shape[0]
     wide = ROWS_TOKENS if ROWS_TOKENS > 1 else n_tok + 1
@@ -157,6 +190,9 @@ def _row_one(kind, qs, qh, d, xq4, xsum, xd, g, c, out_pad):
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
 def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
     # out_pad f32[n_tok, G * R] = x @ W^T for all CHUNK-row chunks; a chunk's token tiles on one thread
+    if kind == T.IQ4_NL:  # llama.cpp's own order (exact)
+        nl_chunks(qs, qh, d, xq4, xsum, xd, out_pad)
+        return
     per_group = qs.shape[3] // CHUNK
     n_tok = xq4.shape[0]
     for job in nb.prange(qs.shape[0] * per_group):
@@ -177,8 +213,9 @@ def gemm_chunks(kind, qs, qh, d, xq4, xsum, xd, out_pad):
 @nb.njit(**dict(EXACT_FLAGS, parallel=True))  # no fast-math inside the IR
 def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
     # out_pad f32[n_tok, G * R] = x @ W^T for a K_TYPES weight (gemm_k_ir.py, gemm_low_ir.py).
-    # batch: the tokens are one chunk, in the orders llama.cpp uses for it: Q4_K/Q5_K whole
-    # groups of 4 tokens per-chunk FMAs (its repacked gemm), the rest per super-block (gemv);
+    # batch: the tokens are one chunk, in the orders llama.cpp uses for it: Q4_K/Q5_K/Q2_K
+    # whole groups of 4 tokens per-chunk (Q2_K: per-half) FMAs (its repacked gemm), the rest
+    # per super-block (gemv);
     # Q6_K, Q3_K and IQ4_XS from 8 tokens tiled, else vec_dot's lanes. Not batch: every token
     # as a lone decode step (gemv).
     per_group = qs.shape[3] // CHUNK
@@ -196,6 +233,11 @@ def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
                 _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
             for t in range(n_gemm, n_tok):
                 _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+        elif kind == T.Q2_K:
+            for t0 in range(0, n_gemm, 4):
+                _q2k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+            for t in range(n_gemm, n_tok):
+                _q2k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
         elif batch and n_tok >= 8:
             for t0 in range(0, n_tok, LOW_TOKENS):
                 _tiled(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
@@ -228,6 +270,8 @@ def _gemv(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad):
         _q6k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
     elif kind == T.Q3_K:
         _q3k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+    elif kind == T.Q2_K:
+        _q2k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
     else:
         _iq4xs_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
 

@@ -102,7 +102,11 @@ class QuantMatrix:
                  use_int8dot: bool = True, release=None, store=None):
         q = quant_type(ggml_type)  # UnsupportedModelError for an unknown type
         on_int8dot = HAS_INT8DOT and use_int8dot
-        int8dot = on_int8dot and q.ggml_type in INT8DOT_TYPES
+        # llama.cpp repacks an IQ4_NL or Q2_K weight whose rows are a multiple of 8 and keeps
+        # the others in file layout, where it sums in other orders (dot_iq.py, dot_k_low.py:
+        # the IR kernels have only the repacked ones)
+        layout = FILE_LAYOUT if q.ggml_type in _REPACKED_BY_LLAMA and int(n_rows) % 8 else 0
+        int8dot = on_int8dot and q.ggml_type in INT8DOT_TYPES and not layout
         if lanes is None:  # the int8 dot kernels (K-quants' too) read CHUNK-row groups: each one contiguous stream
             lanes = CHUNK if on_int8dot and q.ggml_type in INT8DOT_TYPES + K_TYPES else LANES
         expected = int(n_rows) * row_nbytes(ggml_type, int(n_cols))
@@ -133,11 +137,9 @@ class QuantMatrix:
         # than 64-row groups read in strided 32-byte pieces) on the whole-tile IR kernels
         # (gemm_k_ir.py); explicit orders on dot_k.py with the integer sums on them
         # (dot_k_ir.py): the INT8DOT flag
-        k_int8dot = on_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0
+        self._layout = layout
+        k_int8dot = on_int8dot and q.ggml_type in K_TYPES and lanes % CHUNK == 0 and not layout
         self._k_flags = INT8DOT if k_int8dot else 0
-        # llama.cpp repacks an IQ4_NL or Q2_K weight whose rows are a multiple of 8 and keeps
-        # the others in file layout, where it sums in other orders (dot_iq.py, dot_k_low.py)
-        self._layout = FILE_LAYOUT if q.ggml_type in _REPACKED_BY_LLAMA and self.n_rows % 8 else 0
         padded = (self._int8dot or k_int8dot) and self.n_rows != self._p.n_groups * lanes
         self._out_pad = np.zeros(self._p.n_groups * lanes if padded else 0, np.float32)
         self._tile_cols = max(lanes, min(self._p.n_groups * lanes, TILE_BYTES // (4 * self.n_cols) // lanes * lanes))
@@ -149,6 +151,8 @@ class QuantMatrix:
         orders, not the repacked gemv's (dot_iq.py, dot_k_low.py). Other types sum alike."""
         if self.ggml_type in _REPACKED_BY_LLAMA:
             self._layout = FILE_LAYOUT
+            self._k_flags = 0  # the IR kernels follow the repacked orders only
+            self._int8dot = False
 
     @property
     def sums_on_int8dot(self) -> bool:
