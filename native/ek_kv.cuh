@@ -137,14 +137,6 @@ EK_HD void ek_quantize_q5_1(const float* x, ek_u8* dst) {  // 24 bytes
     ek_put_q5(x, lo, inv, 0.5f, dst + 4);
 }
 
-#define EK_IQ4_NL 20  // a cache format here: no weight kernel reads it
-
-// IQ4_NL's 16 non-linear levels (ggml's kvalues_iq4nl)
-EK_HD float ek_iq4nl_level(int i) {
-    const signed char levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-    return (float)levels[i];
-}
-
 // ggml's best_index_int8: the level nearest x, ties to the upper one
 EK_HD int ek_iq4nl_nearest(float x) {
     if (x <= ek_iq4nl_level(0)) return 0;

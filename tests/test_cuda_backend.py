@@ -49,7 +49,8 @@ def test_decode_and_prefill_match_the_float64_reference(tiny_model, arch):
     assert max(errs) < (2e-3 if arch == "gemma3" else 1e-4), errs
 
 
-@pytest.mark.parametrize("weight_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"])
+@pytest.mark.parametrize("weight_type", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                                         "IQ4_NL", "IQ4_XS", "F16", "BF16"])
 def test_every_weight_type_is_as_close_to_the_reference_as_the_cpu_backend(tiny_model, weight_type):
     path = tiny_model("llama", weight_type, **WIDE)
     tokens = [int(t) for t in rng.integers(0, 200, 12)]

@@ -47,8 +47,9 @@ from .cuda_graphs import DecodeGraphs
 from .cuda_inputs import HostInputs, Recording, Step
 
 # the weight types with a matvec kernel (native/matvec.cu), by ggml type
-MATVEC = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q8_0: "q8_0", T.Q4_K: "q4_K",
-          T.Q5_K: "q5_K", T.Q6_K: "q6_K", T.F32: "f32", T.F16: "f16", T.BF16: "bf16"}
+MATVEC = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1", T.Q8_0: "q8_0", T.Q2_K: "q2_K",
+          T.Q3_K: "q3_K", T.Q4_K: "q4_K", T.Q5_K: "q5_K", T.Q6_K: "q6_K", T.IQ4_NL: "iq4_nl", T.IQ4_XS: "iq4_xs",
+          T.F32: "f32", T.F16: "f16", T.BF16: "bf16"}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # multiplied by float activations; the others by Q8_1
 Q8_1_BYTES = 36  # ek_block_q8_1: f16 d, f16 s, 32 int8
 

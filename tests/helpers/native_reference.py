@@ -16,8 +16,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-K_QUANTS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # offsets of their f16 scales in a block
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+# offsets of the f16 scales in a block of the types gguf.quants cannot quantize (random codes)
+K_QUANTS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,),
+            "IQ4_XS": (0,)}
 
 
 def weights(kind: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
