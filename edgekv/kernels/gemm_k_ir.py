@@ -185,16 +185,19 @@ def _k4_codegen(isa, fifth, n_t, per_chunk):
                     tot_c.append(builder.add(builder.mul(s0, lo[i]), builder.mul(s1, hi[i])))
                     mins_c.append(builder.add(builder.mul(m0, splat(builder, x0, vi)), builder.mul(m1, splat(builder, x1, vi))))
                 if per_chunk or c == 0:
-                    tot, mins = tot_c, mins_c
-                else:
-                    tot = [builder.add(a, x) for a, x in zip(tot, tot_c)]
-                    mins = [builder.add(a, x) for a, x in zip(mins, mins_c)]
+                    tot = mins = None
+                tot, mins = add_parts(builder, tot, tot_c), add_parts(builder, mins, mins_c)
                 if per_chunk or c == 3:
                     min_fmas(builder, f, d_at, dxs, tot, mins, accs, W)
         store_differences(builder, f, accs, vf)
         return context.get_dummy_value()
 
     return codegen
+
+
+def add_parts(builder, sums, parts):
+    """Per token, the integer sums so far (None: none yet) plus this part's (exact in any order)."""
+    return parts if sums is None else [builder.add(a, x) for a, x in zip(sums, parts)]
 
 
 def min_fmas(builder, f, d_at, dxs, tot, mins, accs, width):

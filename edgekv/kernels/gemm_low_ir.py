@@ -48,8 +48,8 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .dot_ir import scales
-from .gemm_k_ir import (I64, TileFrame, byte_vector, const_vec, hsum_float_8, min_fmas, store_differences, tile_intrinsic,
-                        tiled_fma)
+from .gemm_k_ir import (I64, TileFrame, add_parts, byte_vector, const_vec, hsum_float_8, min_fmas, store_differences,
+                        tile_intrinsic, tiled_fma)
 from .irvec import FLOAT, INT32, fma16, load_at, splat, vec
 from .quantize import IQ4_NL_LEVELS
 
@@ -140,10 +140,8 @@ def _q2_codegen(isa, n_t, per_half):
             for n in range(2):
                 tot_n, mins_n = _q2_half(builder, isa, f, b, n, tbs, vi)
                 if per_half or n == 0:
-                    tot, mins = tot_n, mins_n
-                else:
-                    tot = [builder.add(a, x) for a, x in zip(tot, tot_n)]
-                    mins = [builder.add(a, x) for a, x in zip(mins, mins_n)]
+                    tot = mins = None
+                tot, mins = add_parts(builder, tot, tot_n), add_parts(builder, mins, mins_n)
                 if per_half or n == 1:
                     min_fmas(builder, f, d_at, dxs, tot, mins, accs, W)
         store_differences(builder, f, accs, vf)
