@@ -21,14 +21,14 @@ test: $(STAMP) lint
 	$(CUDA_CPU) -m cuda_cpu $(PYTEST_ARGS)
 
 # native/*.cu run on this CPU as C++ under AddressSanitizer and UBSan (tests/cuda_cpu.py:
-# pytest with ASan's runtime preloaded, the tests marked cuda_cpu; ~12 min of make test)
+# pytest with ASan's runtime preloaded, the tests marked cuda_cpu; ~14 min of make test)
 CUDA_CPU    := $(PY) tests/cuda_cpu.py -q -rs
 
 # pyflakes and syntax errors over the whole tree (the rules: pyproject.toml [tool.ruff])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check edgekv tests tools benchmarks
 
-# the quick loop while developing (~3 min on 2 cores; make test is ~25): unit tests and tiny
+# the quick loop while developing (~3 min on 2 cores; make test is ~70): unit tests and tiny
 # random models. It leaves out what is marked `slow` (needs a real model, so none is pulled
 # here: the real-model checks against llama.cpp, perplexity, KL, convert, quantize, grammar,
 # chat, server), `long` (fuzz loops, server load, interrupts, the heaviest tiny-model sweeps;
