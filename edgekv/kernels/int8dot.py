@@ -223,27 +223,28 @@ def k_gemm_chunks(kind, qs, qh, sc, d, xq4, xsum, xd, batch, out_pad):
     n_gemm = n_tok - n_tok % 4 if batch else 0
     for job in nb.prange(qs.shape[0] * per_group):
         g, c = job // per_group, job % per_group
-        if kind == T.Q4_K:
+        if kind == T.Q4_K or kind == T.Q5_K or kind == T.Q2_K:  # llama.cpp's repacked kernels
             for t0 in range(0, n_gemm, 4):
-                _q4k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+                _gemm4(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
             for t in range(n_gemm, n_tok):
-                _q4k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
-        elif kind == T.Q5_K:
-            for t0 in range(0, n_gemm, 4):
-                _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
-            for t in range(n_gemm, n_tok):
-                _q5k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
-        elif kind == T.Q2_K:
-            for t0 in range(0, n_gemm, 4):
-                _q2k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
-            for t in range(n_gemm, n_tok):
-                _q2k_gemv(qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+                _gemv(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
         elif batch and n_tok >= 8:
             for t0 in range(0, n_tok, LOW_TOKENS):
                 _tiled(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
         else:
             for t in range(n_tok):
                 _gemv(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t, out_pad)
+
+
+@nb.njit(**EXACT_FLAGS)
+def _gemm4(kind, qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad):
+    # tokens t0..t0+3 through a chunk of a Q4_K, Q5_K or Q2_K weight: the repacked gemm's order
+    if kind == T.Q4_K:
+        _q4k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+    elif kind == T.Q5_K:
+        _q5k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
+    else:
+        _q2k_gemm(qs, qh, sc, d, xq4, xsum, xd, g, c, t0, out_pad)
 
 
 @nb.njit(**EXACT_FLAGS)
