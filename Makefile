@@ -17,7 +17,7 @@ PULL        := $(PY) -m edgekv pull
 test: $(STAMP) lint
 	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
 	$(PY) -m edgekv warmup
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=30 $(PYTEST_ARGS)
 	$(CUDA_CPU) -m cuda_cpu $(PYTEST_ARGS)
 
 # native/*.cu run on this CPU as C++ under AddressSanitizer and UBSan (tests/cuda_cpu.py:

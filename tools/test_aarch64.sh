@@ -21,7 +21,17 @@
 # once), the aarch64 wheels (pip download on the host, installed offline in the root)
 # and the root's compiled kernels. Needs root (apt-get, binfmt_misc, chroot, mount).
 # Any failing step stops the script with a non-zero status; nothing is skipped.
+#
+# `tools/test_aarch64.sh --prepare` does only the first part (the tools, the root, the wheels,
+# the root's venv: mostly downloads and unpacking) and stops before the tests: .ci/run runs it
+# in the background while `make test` holds the cores, then this script finds it all ready.
 set -euo pipefail
+PREPARE=0
+case "${1:-}" in
+    --prepare) PREPARE=1 ;;
+    "") ;;
+    *) echo "usage: tools/test_aarch64.sh [--prepare]" >&2; exit 2 ;;
+esac
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${EDGEKV_AARCH64_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgekv/aarch64}
@@ -111,6 +121,10 @@ if [ ! -e "$ROOT/opt/venv/.key-$KEY" ]; then
     in_root /opt/venv/bin/python -m pip install -q --no-index --find-links /opt/wheels -r /opt/requirements.txt \
         || die "installing the aarch64 wheels in the root failed"
     touch "$ROOT/opt/venv/.key-$KEY"
+fi
+if [ $PREPARE = 1 ]; then
+    step "prepared (the root, its wheels and venv); the tests run without --prepare"
+    exit 0
 fi
 
 step "edgekv's working tree -> /work/edgekv in the root; pip install -e . there (offline)"
