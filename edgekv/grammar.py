@@ -5,7 +5,8 @@ GBNF, `from_json_schema` a JSON schema, `json_object()` any JSON object, `from_l
 `from_regex`), checked when made (GrammarError names the position); and
 `GrammarConstraint`, one generation's matcher: the sampler asks it, after logit bias and
 penalties, to set every token that would leave the grammar to -inf, and the end-of-turn
-tokens are allowed exactly when the grammar accepts.
+tokens are allowed exactly when the grammar accepts; `LazyGrammar` / `LazyConstraint`, a
+grammar that applies only once the output matched a trigger (tool calls under "auto").
 The engine is llguidance (MIT; what llama.cpp uses): it computes a token mask in tens of
 microseconds from a lazily built lexer, takes GBNF (through its gbnf_to_lark), Lark, regexes
 and most of JSON Schema, and ships abi3 wheels for x86-64 and aarch64. Its tokenizer view
@@ -20,6 +21,7 @@ import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import regex
 
 from .errors import EdgeKVError
 from .text.tokenizer import Tokenizer
@@ -153,6 +155,14 @@ class GrammarConstraint:
         n = tokenizer.n_vocab
         self._bits = np.empty((n + 31) // 32, np.int32)
 
+    def start_after(self, written: Sequence[int], at: int) -> None:
+        """Start with `written` (tokens already in the output, in any split) consumed, the
+        history's tokens from index `at` on still to come (a LazyConstraint's trigger)."""
+        self._start = at
+        self.matcher.consume_tokens([int(t) for t in written])
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar rejected the text that triggered it: {self.matcher.get_error()}")
+
     def _catch_up(self, history: Sequence[int]) -> None:
         if self._start is None:
             self._start = len(history)
@@ -177,6 +187,53 @@ class GrammarConstraint:
         if not allowed.any():
             raise GrammarError("the grammar allows no token at this point of the output")
         logits[~allowed] = -np.inf
+
+
+class LazyGrammar:
+    """A grammar that applies from where the output first matches a trigger on (llama.cpp's
+    lazy grammars, as its tool calls use them): `trigger` is a regex matched at the start of
+    the output (`regex`'s partial matching says when it no longer can); once it matches, the
+    output from its first group (or from the match) must follow `grammar`. Before that, and
+    for ever when the output can no longer match, the text is free."""
+
+    def __init__(self, grammar: Grammar, trigger: str):
+        self.grammar, self.trigger, self.source = grammar, regex.compile(trigger), f"lazy {grammar.source}"
+
+    def __repr__(self) -> str:
+        return f"LazyGrammar({self.grammar.source}, {self.trigger.pattern!r})"
+
+
+class LazyConstraint:
+    """One generation under a LazyGrammar: no mask until the generated text (as the stream's
+    detokenizer writes it) matches the trigger, then a GrammarConstraint fed the text from the
+    trigger on (re-tokenized: llguidance checks bytes, not how they were split into tokens)."""
+
+    def __init__(self, lazy: LazyGrammar, tokenizer: Tokenizer, end_ids: Iterable[int] = ()):
+        self.lazy, self.tokenizer, self.end_ids = lazy, tokenizer, end_ids
+        self.inner: GrammarConstraint | None = None
+        self.text, self.free = "", False  # free: the trigger can no longer match
+        self._detokenizer = tokenizer.detokenizer(skip_special=True)
+        self._start: int | None = None
+        self._seen = 0
+
+    def apply(self, logits: np.ndarray, history: Sequence[int]) -> None:
+        """Mask logits f32[n_vocab] in place once triggered (GrammarConstraint.apply)."""
+        if self._start is None:
+            self._start = len(history)
+        if self.inner is None and not self.free:
+            for token in history[self._start + self._seen:]:
+                self.text += self._detokenizer.push(int(token))
+            self._seen = len(history) - self._start
+            m = self.lazy.trigger.match(self.text, partial=True)
+            if m is None:
+                self.free = True
+            elif not m.partial:
+                begin = m.start(1) if m.re.groups else m.start()
+                self.inner = GrammarConstraint(self.lazy.grammar, self.tokenizer, self.end_ids)
+                written = self.tokenizer.encode(self.text[begin:], add_bos=False)
+                self.inner.start_after(written, len(history))
+        if self.inner is not None:
+            self.inner.apply(logits, history)
 
 
 def response_format_grammar(response_format: Any) -> Grammar | None:

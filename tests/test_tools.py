@@ -14,7 +14,6 @@ import openai
 import pytest
 
 from edgekv import Llama
-from edgekv.api.tool_reader import CallReader
 from edgekv.api.tools import ToolCalling
 from edgekv.errors import EdgeKVError
 from edgekv.server import create_app
@@ -66,9 +65,10 @@ def test_auto_answers_text_or_a_valid_call_and_none_answers_text(llm):
     r = llm.create_chat_completion(ASK, tools=TOOLS, max_tokens=40, temperature=0)  # tool_choice auto
     message = r["choices"][0]["message"]
     if message.get("tool_calls"):
-        check_call(message["tool_calls"][0])
-    else:
-        assert message["content"] and not message["content"].lstrip().startswith("{")
+        for call in message["tool_calls"]:
+            check_call(call)
+    else:  # text, in which no call to an offered function was read
+        assert message["content"] and '"name": "get_weather"' not in message["content"].replace('":"', '": "')
     r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="none", max_tokens=20, temperature=0)
     assert "tool_calls" not in r["choices"][0]["message"] and r["choices"][0]["message"]["content"]
 
@@ -143,17 +143,101 @@ def test_the_models_own_format_on_a_qwen_template(tiny_model):
     llm = Llama(str(path), n_ctx=2048)
     prompt = llm.chat_formatter.render(ASK, tools=TOOLS)
     assert "<tools>" in prompt and '"name": "get_weather"' in prompt
-    r = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0.5, seed=3)
+    one = dict(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    r = llm.create_chat_completion(ASK, **one, max_tokens=120, temperature=0.5, seed=3)
     [call] = r["choices"][0]["message"]["tool_calls"]
     check_call(call)
-    chunks = list(llm.create_chat_completion(ASK, tools=TOOLS, tool_choice="required", max_tokens=120,
-                                             temperature=0.5, seed=3, stream=True))
+    chunks = list(llm.create_chat_completion(ASK, **one, max_tokens=120, temperature=0.5, seed=3, stream=True))
     assert streamed_call(chunks)["function"]["arguments"] == call["function"]["arguments"]
     # the call and its result go back through the template as Hugging Face passes them
     follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
     rendered = as_the_api_renders(llm, follow)
     assert "<tool_response>\nsunny\n</tool_response>" in rendered
     assert f'<tool_call>\n{{"name": "{call["function"]["name"]}", "arguments": ' in rendered
+
+
+def test_the_qwen_grammar_allows_several_calls_unless_parallel_tool_calls_is_false(tiny_model):
+    """OpenAI's parallel tool calls in the template's form: one <tool_call> block per line,
+    as the grammar checks them token by token (llguidance on the model's own tokens)."""
+    import llguidance
+
+    from edgekv.grammar import _llg_tokenizer
+
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=256)
+    one = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Lyon"}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
+
+    def accepts(grammar, text: str) -> bool:
+        matcher = llguidance.LLMatcher(_llg_tokenizer(llm.tokenizer_), grammar.spec, log_level=0)
+        return matcher.consume_tokens(llm.tokenize(text.encode(), add_bos=False, special=True)) and \
+            not matcher.is_error() and matcher.is_accepting()
+
+    for choice in ("required", "auto"):  # auto's grammar once a call started (the lazy grammar's)
+        several, single = (ToolCalling(TOOLS, choice, QWEN_TEMPLATE.read_text(), parallel).grammar()
+                           for parallel in (True, False))
+        if choice == "auto":
+            several, single = several.grammar, single.grammar
+        assert accepts(several, one) and accepts(several, two) and accepts(single, one)
+        assert not accepts(single, two) and not accepts(several, "It is sunny.")
+    with pytest.raises(EdgeKVError, match="parallel_tool_calls must be true or false"):
+        ToolCalling(TOOLS, "auto", QWEN_TEMPLATE.read_text(), "yes")
+
+
+LYON = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
+
+
+@pytest.mark.parametrize("text, triggered, valid", [
+    (f"<tool_call>\n{LYON}\n</tool_call>", True, True),
+    (f"```json\n{LYON}\n```", True, True),  # Qwen2.5-Coder's free form (issue 50)
+    (f"{LYON}\n{LYON}", True, True),
+    (f"  <tool_call>\n{LYON}\n</tool_call>\n<tool_call>{LYON}</tool_call>\n", True, True),
+    (f"<think>the weather, so</think>\n{LYON}", True, True),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"town": "Lyon"}}', True, False),  # not its parameters
+    ('```json\n{"name": "get_weather", "arguments": {"city": "Lyon", "x": 1}}', True, False),
+    ("It is sunny in Lyon. {\"name\": \"get_weather\"}", False, True),  # a call after text: free
+    ('```json\n{"name": "say_hi", "arguments": {}}\n```', False, True),  # not an offered function: free
+])
+def test_auto_is_free_until_the_answer_starts_a_call_then_the_call_is_constrained(tiny_model, text, triggered, valid):
+    """llama.cpp's lazy grammar: the mask stays off until the text, as generated so far, is
+    the start of a call to an offered function; from there every token must keep the call
+    valid (the arguments their parameters), and the answer may end once the calls are whole."""
+    import numpy as np
+
+    from edgekv.grammar import LazyConstraint
+
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN_TEMPLATE.read_text()})
+    tokenizer = Llama(str(path), n_ctx=256).tokenizer_
+    constraint = LazyConstraint(ToolCalling(TOOLS, "auto", QWEN_TEMPLATE.read_text()).grammar(), tokenizer)
+    history = [1, 2]
+    for token in tokenizer.encode(text, add_bos=False):
+        logits = np.zeros(tokenizer.n_vocab, np.float32)
+        constraint.apply(logits, history)
+        if constraint.inner is None:
+            assert np.isfinite(logits).all()  # free text: no mask
+        allowed = bool(np.isfinite(logits[token]))
+        if not allowed:
+            break
+        history.append(token)
+    else:
+        constraint.apply(np.zeros(tokenizer.n_vocab, np.float32), history)
+    assert (constraint.inner is not None) == triggered and allowed == valid
+    if triggered and valid:
+        assert constraint.inner.matcher.is_accepting()
+
+
+def test_auto_text_is_what_the_model_writes_without_a_grammar(tiny_model):
+    """Free text under "auto" is not shaped at all: the same tokens as the same prompt
+    completed with no grammar (a tiny random model, sampled with one seed)."""
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=2048)
+    prompt = llm.chat_prompt_tokens(ASK, tools=TOOLS)
+    for seed in (1, 2, 3):
+        answer = llm.create_chat_completion(ASK, tools=TOOLS, max_tokens=24, temperature=0.8, seed=seed)
+        free = llm.create_completion(prompt, max_tokens=24, temperature=0.8, seed=seed)
+        message = answer["choices"][0]["message"]
+        assert "tool_calls" not in message and message["content"]
+        assert message["content"] == free["choices"][0]["text"][:len(message["content"])]
 
 
 def test_the_models_own_format_on_a_llama_3_template(tiny_model):
@@ -224,30 +308,3 @@ def test_round_trip_through_langchain(llm):
         messages += [called, ToolMessage("18 degrees and sunny", tool_call_id=call["id"])]
         answer = chat.bind_tools(TOOLS, tool_choice="none").invoke(messages)
         assert answer.content and not answer.tool_calls
-
-
-@pytest.mark.parametrize("text, opens", [
-    ('{"name":"f","arguments":{"s":"a}\\"{[","n":[1,{"x":2}]}}', "{"),
-    ('<tool_call>\n{"name": "f", "arguments": {"s": "}}"}}\n</tool_call>', "<"),
-])
-def test_the_reader_finds_the_arguments_however_the_text_is_cut(text, opens):
-    """Braces and quotes inside strings do not end the arguments; fed one character at a
-    time or whole, the reader gives the same call, whose arguments are the model's text."""
-    args = json.loads(text[text.index('"arguments"') + 12:].split("\n</tool_call>")[0][:-1])
-    for size in (1, 3, len(text)):
-        reader = CallReader({"f"}, opens, call_only=False)
-        deltas = [d for i in range(0, len(text), size) for d in reader.push(text[i:i + size])]
-        last, finish = reader.finish("stop")
-        assert finish == "tool_calls" and not last and not any("content" in d for d in deltas)
-        sent = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas)
-        [call] = reader.calls()
-        assert json.loads(sent) == json.loads(call["function"]["arguments"]) == args
-
-
-def test_the_reader_sends_text_and_unknown_calls_as_content():
-    reader = CallReader({"f"}, "{", call_only=False)
-    assert reader.push("Hello") == [{"content": "Hello"}] and reader.push(" {x}") == [{"content": " {x}"}]
-    assert reader.finish("stop") == ([], "stop") and reader.calls() is None
-    reader = CallReader({"f"}, "{", call_only=False)
-    assert reader.push('{"name":"g","arguments":{}}') == []  # not a function of this request: held
-    assert reader.finish("stop") == ([{"content": '{"name":"g","arguments":{}}'}], "stop")

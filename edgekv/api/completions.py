@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ContextFullError, EdgeKVError
-from ..grammar import GrammarConstraint, as_grammar, response_format_grammar
+from ..grammar import GrammarConstraint, LazyConstraint, LazyGrammar, as_grammar, response_format_grammar
 from ..sampling import sampler_for, with_banned
 from . import reasoning
 from .compat import SAMPLER_OPTIONS, check_compat
@@ -48,7 +48,8 @@ class CompletionsMixin:
         grammar = sampling.pop("grammar", None)
         if grammar is not None and ignore_eos:
             raise EdgeKVError("a grammar cannot be combined with ignore_eos: the grammar decides where the text ends")
-        constraint = None if grammar is None else GrammarConstraint(grammar, self.tokenizer_, is_end)
+        constraint = None if grammar is None else \
+            (LazyConstraint if isinstance(grammar, LazyGrammar) else GrammarConstraint)(grammar, self.tokenizer_, is_end)
         sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed, constraint=constraint)
 
         def prompt_done() -> None:  # called once, when the prompt's logits exist
@@ -166,7 +167,7 @@ class CompletionsMixin:
                                chat_template_kwargs: dict[str, Any] | None = None, reasoning_format: str = "none",
                                response_format: dict[str, Any] | None = None, grammar: Any = None,
                                tools: list[dict] | None = None, tool_choice: Any = None,
-                               **options: Any) -> dict | Iterator[dict]:
+                               parallel_tool_calls: bool = True, **options: Any) -> dict | Iterator[dict]:
         """Answer `messages` with the chat template, stopping at the end of the assistant's turn.
         Sampling options as for create_completion (max_tokens None: until the turn ends or the
         context is full; ignore_eos: the turn-end tokens are never sampled either).
@@ -179,10 +180,12 @@ class CompletionsMixin:
         response_format: {"type": "json_object"} (any JSON object, or with "schema": one valid
         against it) or OpenAI's {"type": "json_schema", "json_schema": {"schema": {...}}};
         grammar: as for create_completion (give one of grammar and response_format).
-        tools / tool_choice: OpenAI's (api/tools.py): the answer is a call whose arguments
-        match the function's parameters (finish_reason "tool_calls", message["tool_calls"]) or,
-        with "auto", text; a stream sends the call's id and name, then its arguments as they
-        are generated (OpenAI's tool_calls deltas).
+        tools / tool_choice / parallel_tool_calls: OpenAI's (api/tools.py): the answer holds
+        calls whose arguments match the function's parameters (finish_reason "tool_calls",
+        message["tool_calls"]; several unless parallel_tool_calls is False) or, with "auto",
+        text, in which calls the model writes freely (fenced or bare JSON) are found too; a
+        stream sends each call's index, id and name, then its arguments as they are generated
+        (OpenAI's tool_calls deltas).
         Returns a `chat.completion` dict (with `usage`), or an iterator of `chat.completion.chunk` dicts.
         options: as for create_completion (functions, function_call, ... only when off)."""
         passed = {k: options.pop(k) for k in SAMPLER_OPTIONS if k in options}
@@ -192,7 +195,7 @@ class CompletionsMixin:
             raise EdgeKVError(f"chat_template_kwargs must be a dict of template variables, "
                               f"got {type(chat_template_kwargs).__name__}")
         formatter = self.chat_formatter
-        calling = ToolCalling(tools, tool_choice, formatter.template)
+        calling = ToolCalling(tools, tool_choice, formatter.template, parallel_tool_calls)
         shape = _answer_grammar(calling, grammar, response_format)
         prompt = self._render_chat(messages, calling, chat_template_kwargs)
         splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
@@ -245,4 +248,5 @@ def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool,
     if stream:
         return tool_chat_chunks(head, pieces, calling.reader())
     text, finish, records = collect(pieces)
-    return chat_completion(head, text, finish, llm.last_stats, records, None, calling.calls(text))
+    content, calls, finish = calling.answer(text, finish)
+    return chat_completion(head, content, finish, llm.last_stats, records, None, calls)

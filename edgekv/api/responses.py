@@ -146,7 +146,8 @@ def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
                     tool_calls: list[dict] | None = None) -> dict:
     """A `chat.completion` response (logprobs from records when given); with a splitter, the
     reasoning goes to message["reasoning_content"] (when there is any) and the answer to content;
-    with tool_calls, content is None and finish_reason "tool_calls" (OpenAI's shape)."""
+    with tool_calls, content is the text around the calls or None (OpenAI's shape; the
+    finish reason, "tool_calls" for a complete answer, is the caller's)."""
     logprobs = None if records is None else chat_logprobs(records)
     message = dict(role="assistant", content=text)
     if splitter is not None:
@@ -154,8 +155,7 @@ def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
         if reasoning:
             message["reasoning_content"] = reasoning.rstrip()
     if tool_calls:
-        message.update(content=None, tool_calls=tool_calls)
-        finish = "tool_calls"
+        message.update(content=text or None, tool_calls=tool_calls)
     choice = dict(index=0, message=message, logprobs=logprobs, finish_reason=finish)
     return dict(head, choices=[choice], usage=usage(stats))
 

@@ -1,98 +1,159 @@
-"""Reading a tool call out of a tools answer while it is being generated.
+"""Reading tool calls out of a tools answer while it is being generated.
 
-What lives here: `CallReader`, fed the answer's text piece by piece, which tells as early as
-the text allows whether the answer is plain text or a call, and hands out OpenAI's stream
-deltas: the content as it comes, or for a call first {"index", "id", "type", "function":
-{"name", "arguments": ""}} and then the arguments' JSON text in the pieces the model wrote
-it (`tool_calls` deltas, as OpenAI streams them). The same reader, fed a whole answer, gives
-the non-streamed `message["tool_calls"]`, so both carry the model's own arguments text.
+What lives here: `CallReader`, fed the answer's text piece by piece, which finds the calls in
+it in the forms models write them and hands out OpenAI's stream deltas: the text around the
+calls as content, and for each call first {"index", "id", "type", "function": {"name",
+"arguments": ""}} and then the arguments' JSON text in the pieces the model wrote it
+(`tool_calls` deltas, as OpenAI streams them). The same reader, fed a whole answer, gives the
+non-streamed message (`content` and `tool_calls`), so both carry the model's own arguments text.
 
-The answer's shape is fixed by ToolCalling's grammar: a call starts with `{` (the generic
-format) or `<tool_call>` (hermes), anything else is text; a call is
-`{"name":"...","arguments":{...}}` (Llama 3: "parameters") with the name first; one call
-per answer. An answer that
-does not read that way (a grammar this reader does not know) is still handled: nothing of a
-call is sent until its name is read, and whatever never became a call goes out as content.
-What does not live here: the grammar and the prompt (tools.py), the response shapes
-(responses.py).
+A call is a JSON object with the name first and the arguments next, `{"name": "f",
+"arguments": {...}}` ("parameters" in Llama 3's calls), written
+  - inside `<tool_call>` ... `</tool_call>` (Hermes 2 Pro, Qwen 2.5 and 3: the templates' own form),
+  - inside a Markdown fence, ```` ```json ```` or ```` ``` ```` (what Qwen 2.5 Coder and other small
+    models write when they answer freely),
+  - or bare.
+Several calls in one answer are read in order (OpenAI's parallel tool calls) unless the
+request allows only one (parallel_tool_calls false: the text after the first call is content).
+A call to a function the request does not offer is not a call: its text is content. The
+arguments are the model's text, valid JSON or not (as OpenAI's are: a grammar makes them valid
+where one applies). Text that
+may still become a call (`<tool_c`, a fence, `{"name": "get_`) is held until it is known, so a
+streamed answer sends exactly what the whole answer's message holds; whitespace between and
+after calls is not content. What does not live here: the grammar and the prompt (tools.py),
+the response shapes (responses.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 
-_HEAD = r'\s*(?:<tool_call>\s*)?\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"%s"\s*:\s*'
+import regex
+
+# a call's head: an optional opening (the tag, a fence), the object's name and its arguments'
+# key; the arguments must be an object. `regex` (not `re`) for partial matches: whether text
+# cut short may still become a head.
+_HEAD = regex.compile(r'(<tool_call>\s*|```(?:json)?[ \t]*\n\s*)?'
+                      r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+# after the arguments: the object's end, and the opening's closing
+_CLOSE = {"<": regex.compile(r"\s*\}\s*</tool_call>"), "`": regex.compile(r"\s*\}\s*```"),
+          "": regex.compile(r"\s*\}")}
+_OPENINGS = "<`{"
+
+
+class _Call:
+    def __init__(self, index: int, name: str, opening: str, args_start: int):
+        self.index, self.name, self.opening = index, name, opening
+        self.id = f"call_{uuid.uuid4().hex[:24]}"
+        self.args_start = self.sent = args_start
+        self.value = _ValueEnd()
+        self.arguments: str | None = None  # the arguments' JSON text once complete
 
 
 class CallReader:
-    def __init__(self, names: set[str], call_opens: str, call_only: bool, arguments_key: str = "arguments"):
-        """names: the functions the answer may call; call_opens: the first character of a
-        call ("{" or "<"); call_only: the answer must be a call (tool_choice required or named);
-        arguments_key: "arguments", or "parameters" in Llama 3's calls."""
-        self.names, self.call_opens = names, call_opens
-        self._head = re.compile(_HEAD % re.escape(arguments_key))
-        self.kind = "call" if call_only else None  # None until the first character decides
+    def __init__(self, names: set[str], parallel: bool = True):
+        """names: the functions the answer may call; parallel: whether it may call several."""
+        self.names, self.parallel = names, parallel
         self.text = ""
-        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
-        self.name: str | None = None
-        self._args = _ValueEnd()
-        self._args_start = self._sent = 0
+        self.content = ""  # the content sent so far
+        self._pos = 0  # the text before this is content sent or calls read
+        self._calls: list[_Call] = []
+        self._open: _Call | None = None
 
     def push(self, piece: str) -> list[dict]:
         """The stream deltas the answer's next piece of text adds (maybe none yet)."""
         self.text += piece
-        if self.kind is None and self.text:
-            self.kind = "call" if self.text[0] == self.call_opens else "text"
-        if self.kind == "text":
-            return [dict(content=piece)] if piece else []
-        deltas = []
-        if self.kind == "call" and self.name is None and self._read_head():
-            deltas.append(dict(tool_calls=[dict(index=0, id=self.call_id, type="function",
-                                                 function=dict(name=self.name, arguments=""))]))
-        if self.name is None:  # the name is not read yet, or the answer is held
-            return deltas
-        end = self._args.scan(self.text, self._args_start)
-        if end > self._sent:
-            deltas.append(dict(tool_calls=[dict(index=0, function=dict(arguments=self.text[self._sent:end]))]))
-            self._sent = end
+        deltas: list[dict] = []
+        self._read(deltas, final=False)
         return deltas
 
-    def _read_head(self) -> bool:
-        m = self._head.match(self.text)
-        if m is None:
-            return False
-        name = json.loads(m.group(1))
-        if name not in self.names:
-            self.kind = "held"  # not a call after all: it goes out as content at the end
-            return False
-        self.name, self._args_start = name, m.end()
-        self._sent = self._args_start
-        return True
-
     def finish(self, reason: str) -> tuple[list[dict], str]:
-        """The last deltas and the finish reason once generation stopped for `reason`: a
-        complete call finishes as "tool_calls"; a call cut short (max_tokens) as `reason`,
-        with the arguments sent so far; text that never became a call goes out as content."""
-        if self.calls() is not None:
-            return [], "tool_calls"
-        if self.kind == "held" or (self.kind == "call" and self.name is None and self.text):
-            return [dict(content=self.text)], reason
-        return [], reason
+        """The last deltas and the finish reason once generation stopped for `reason`:
+        "tool_calls" when the answer holds complete calls; a call cut short (max_tokens)
+        finishes as `reason`, with the arguments sent so far; text held because it might have
+        become a call goes out as content."""
+        deltas: list[dict] = []
+        self._read(deltas, final=True)
+        if self._open is None:
+            rest = self.text[self._pos:]
+            if rest.strip() or (rest and not self._calls):
+                self._send(deltas, rest)
+            self._pos = len(self.text)
+        return deltas, reason if self._open is not None or not self._calls else "tool_calls"
 
     def calls(self) -> list[dict] | None:
-        """The answer's call as OpenAI's message["tool_calls"], or None when it holds no
-        complete call."""
-        if self.name is None or self._args.end is None:
-            return None
-        arguments = self.text[self._args_start:self._args.end]
-        try:
-            if not isinstance(json.loads(arguments), dict):
-                return None
-        except json.JSONDecodeError:
-            return None
-        return [dict(id=self.call_id, type="function", function=dict(name=self.name, arguments=arguments))]
+        """The answer's complete calls as OpenAI's message["tool_calls"], or None when it holds none."""
+        calls = [dict(id=c.id, type="function", function=dict(name=c.name, arguments=c.arguments))
+                 for c in self._calls]
+        return calls or None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self, deltas: list[dict], final: bool) -> None:
+        while self._read_call(deltas, final) if self._open is not None else self._read_text(deltas, final):
+            pass
+
+    def _read_text(self, deltas: list[dict], final: bool) -> bool:
+        """Sends the content up to the next call (or up to text that may become one) and opens
+        that call; whether a call was opened."""
+        if self._calls and not self.content:  # whitespace after a call is not content (unless text came first)
+            self._pos = len(self.text) - len(self.text[self._pos:].lstrip())
+        held, i = len(self.text), self._pos
+        while (self.parallel or not self._calls) and (i := _next_opening(self.text, i)) >= 0:
+            m = _HEAD.match(self.text, i, partial=not final)
+            if m is not None and m.partial:
+                held = i
+                break
+            if m is None or (name := _name(m.group(2))) not in self.names:
+                i += 1
+                continue
+            self._send(deltas, self.text[self._pos:i].rstrip())
+            self._open = _Call(len(self._calls), name, (m.group(1) or "")[:1], m.end())
+            deltas.append(dict(tool_calls=[dict(index=self._open.index, id=self._open.id, type="function",
+                                                function=dict(name=name, arguments=""))]))
+            self._pos = m.end()
+            return True
+        sendable = self.text[self._pos:held].rstrip()  # trailing whitespace waits for what follows it
+        self._send(deltas, sendable)
+        self._pos += len(sendable)
+        return False
+
+    def _read_call(self, deltas: list[dict], final: bool) -> bool:
+        """Sends the open call's arguments as far as they go; whether the call is complete."""
+        call = self._open
+        end = call.value.scan(self.text, call.args_start)
+        if end > call.sent:
+            deltas.append(dict(tool_calls=[dict(index=call.index, function=dict(arguments=self.text[call.sent:end]))]))
+            call.sent = end
+        if call.value.end is None:
+            return False
+        m = _CLOSE[call.opening].match(self.text, end, partial=not final)
+        if m is not None and m.partial:
+            return False
+        if m is None:  # no closing tag or fence: the call ends with its object (or its arguments)
+            m = _CLOSE[""].match(self.text, end)
+        self._pos, self._open = (m.end() if m is not None else end), None
+        call.arguments = self.text[call.args_start:end]  # as written, JSON or not (OpenAI's too)
+        self._calls.append(call)
+        return True
+
+    def _send(self, deltas: list[dict], text: str) -> None:
+        if text:
+            deltas.append(dict(content=text))
+            self.content += text
+
+
+def _next_opening(text: str, start: int) -> int:
+    found = [j for j in (text.find(c, start) for c in _OPENINGS) if j >= 0]
+    return min(found) if found else -1
+
+
+def _name(quoted: str) -> str | None:
+    try:
+        return json.loads(quoted)
+    except json.JSONDecodeError:
+        return None
 
 
 class _ValueEnd:

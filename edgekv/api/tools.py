@@ -12,11 +12,13 @@ generated text. Three formats:
   - "json" (any other template): a system message lists the functions and asks for a bare
     `{"name": ..., "arguments": {...}}`; earlier calls become assistant text and tool results
     user messages ("Function NAME returned: ...").
-The arguments always match the function's `parameters` schema (with additionalProperties
-false unless it says otherwise): the grammar enforces it.
-One call per answer (OpenAI's parallel_tool_calls=false). What does not live here: reading
-the call out of the text as it comes (tool_reader.py), generation and the response shapes
-(completions.py, responses.py).
+A call the grammar shapes has arguments that match the function's `parameters` schema (with
+additionalProperties false unless it says otherwise). Under "hermes" an answer may hold
+several calls, one per line (OpenAI's parallel tool calls; parallel_tool_calls=false allows
+one); under "auto" the answer may also be text, in which the reader still finds the calls
+models write freely (a fenced or bare JSON call, tool_reader.py). What does not live here:
+reading the calls out of the text as it comes (tool_reader.py), generation and the response
+shapes (completions.py, responses.py).
 """
 
 from __future__ import annotations
@@ -25,15 +27,20 @@ import json
 from typing import Any
 
 from ..errors import EdgeKVError
-from ..grammar import Grammar
+import regex
+
+from ..grammar import Grammar, LazyGrammar
 from .tool_reader import CallReader
 
 
 class ToolCalling:
-    def __init__(self, tools: Any, tool_choice: Any, template: str):
+    def __init__(self, tools: Any, tool_choice: Any, template: str, parallel: Any = True):
         self.functions = _functions(tools)
         self.choice = _choice(tool_choice, self.functions)
         self.format = _format(template)
+        if not isinstance(parallel, bool):
+            raise EdgeKVError(f"parallel_tool_calls must be true or false, got {parallel!r}")
+        self.parallel = parallel
 
     @property
     def active(self) -> bool:
@@ -81,25 +88,47 @@ class ToolCalling:
 
     # -- the answer ------------------------------------------------------------------------
 
-    def grammar(self) -> Grammar | None:
-        """What the answer may be: a call (required, a named function), a call or text
-        (auto), or anything (none)."""
+    def grammar(self) -> Grammar | LazyGrammar | None:
+        """What the answer may be: calls (required, a named function), free text in which a
+        call, once the answer starts with one, must be valid (auto: a lazy grammar), or
+        anything (none)."""
         if not self.active:
             return None
-        wanted = self.functions if self.choice in ("auto", "required") else \
-            [f for f in self.functions if f["name"] == self.choice]
-        key = self.arguments_key
-        call = json.dumps({"x-guidance": {"whitespace_flexible": False}, "anyOf": [{"type": "object", "properties": {
-            "name": {"const": f["name"]}, key: _closed(f.get("parameters") or {"type": "object"})},
-            "required": ["name", key], "additionalProperties": False} for f in wanted]})
-        if self.format == "hermes":
+        if self.choice == "auto":
+            return self._lazy_grammar()
+        wanted = self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
+        call = self._call_schema(wanted, flexible=False)
+        if self.format == "hermes":  # several calls, one per line, unless parallel_tool_calls is false
             rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
-            text = r"/[^<][\s\S]*/"
+            calls = 'call ("\\n" call)*' if self.parallel else "call"
         else:
-            rules = f"call: %json {call}"
-            text = r"/[^{][\s\S]*/"
-        start = "start: call | text\ntext: " + text if self.choice == "auto" else "start: call"
-        return Grammar.from_lark(f"{start}\n{rules}")
+            rules, calls = f"call: %json {call}", "call"
+        return Grammar.from_lark(f"start: {calls}\n{rules}")
+
+    def _lazy_grammar(self) -> LazyGrammar:
+        """auto, as llama.cpp's lazy grammars do it: the answer is free unless it starts (after
+        whitespace, or a <think> block) with a call to one of the functions, in the template's
+        tags, a Markdown fence or bare (the trigger ends at the function's name); from there on
+        the answer is calls, one or several, whose arguments follow the parameters."""
+        names = "|".join(regex.escape(json.dumps(f["name"])) for f in self.functions)
+        ws = r"[ \t\r\n]*"  # JSON's whitespace, the grammar's WS (not \s: no other space may start a call)
+        trigger = (rf'(?:<think>[\s\S]*?</think>)?\s*((?:<tool_call>{ws}|```(?:json)?[ \t]*\n{ws})?'
+                   rf'\{{{ws}"name"{ws}:{ws}(?:{names}))')
+        calls = "(WS? call)+ WS?" if self.parallel else "call WS?"
+        return LazyGrammar(Grammar.from_lark(
+            f"start: {calls}\n"
+            'call: "<tool_call>" WS? body WS? "</tool_call>" | FENCE WS? body WS? "```" | body\n'
+            f"body: %json {self._call_schema(self.functions, flexible=True)}\n"
+            "FENCE: /```(json)?[ \\t]*\\n/\n"
+            "WS: /[ \\t\\r\\n]+/"), trigger)
+
+    def _call_schema(self, wanted: list[dict], flexible: bool) -> str:
+        """The JSON schema of a call to one of `wanted`: {"name": ..., key: arguments}."""
+        key = self.arguments_key
+        return json.dumps({"x-guidance": {"whitespace_flexible": flexible}, "anyOf": [{
+            "type": "object", "properties": {"name": {"const": f["name"]},
+                                             key: _closed(f.get("parameters") or {"type": "object"})},
+            "required": ["name", key], "additionalProperties": False} for f in wanted]})
 
     @property
     def arguments_key(self) -> str:
@@ -107,18 +136,16 @@ class ToolCalling:
         return "parameters" if self.format == "llama3" else "arguments"
 
     def reader(self) -> CallReader:
-        """A reader for this answer's text: plain text or a call, as it comes (tool_reader.py)."""
-        return CallReader({f["name"] for f in self.functions}, "<" if self.format == "hermes" else "{",
-                          call_only=self.choice != "auto", arguments_key=self.arguments_key)
+        """A reader for this answer's text: its content and calls, as they come (tool_reader.py)."""
+        return CallReader({f["name"] for f in self.functions}, parallel=self.parallel)
 
-    def calls(self, text: str) -> list[dict] | None:
-        """The tool calls in a generated answer (OpenAI's message["tool_calls"]), or None
-        when the answer is text."""
-        if not self.active:
-            return None
+    def answer(self, text: str, reason: str) -> tuple[str, list[dict] | None, str]:
+        """A whole generated answer as (content, OpenAI's message["tool_calls"] or None,
+        finish reason): what a stream of it carries."""
         reader = self.reader()
         reader.push(text)
-        return reader.calls()
+        _, reason = reader.finish(reason)
+        return reader.content, reader.calls(), reason
 
 
 def _format(template: str) -> str:

@@ -99,7 +99,8 @@ def sampling_options(body: dict, n_vocab: int) -> dict[str, Any]:
         ignore_eos=field(body, "ignore_eos", bool, "true or false"),  # llama.cpp server's extension
         # the facade decides whether it can honour these (an EdgeKVError -> 400 otherwise)
         logprobs=body.get("logprobs"), top_logprobs=body.get("top_logprobs"), tools=body.get("tools") or None,
-        tool_choice=body.get("tool_choice"), grammar=_grammar(body),
+        tool_choice=body.get("tool_choice"), parallel_tool_calls=body.get("parallel_tool_calls"),
+        grammar=_grammar(body),
     )
     return {k: v for k, v in options.items() if v is not None}
 
