@@ -58,6 +58,7 @@ def expect(text: str, content: str | None, calls: list[tuple[str, dict]], finish
     f"```json\n{LYON}\n```",  # what Qwen2.5-Coder-1.5B wrote under "auto" (issue 50)
     f"```\n{LYON}\n```",
     LYON,  # bare
+    f"[{LYON}]",  # Mistral's array
     f"\n\n<tool_call>\n{LYON}\n</tool_call>\n",
     '{"name":"get_weather","parameters":{"city":"Lyon"}}',  # Llama 3.x's key
 ])
@@ -69,6 +70,8 @@ def test_one_call_in_each_written_form(text):
     f"<tool_call>\n{LYON}\n</tool_call>\n<tool_call>\n{PARIS}\n</tool_call>",
     f"```json\n{LYON}\n```\n\n```json\n{PARIS}\n```",
     f"{LYON}\n{PARIS}",
+    f"[{LYON}, {PARIS}]",  # Mistral's array (its [TOOL_CALLS] token writes no text)
+    f'[{LYON[:-1]}, "id": "a1B2c3D4e"}},\n {PARIS[:-1]}, "id": "Z9y8X7w6v"}}]',  # with the ids its template writes
 ])
 def test_two_calls_in_one_answer(text):
     expect(text, None, [("get_weather", {"city": "Lyon"}), ("get_weather", {"city": "Paris"})], "tool_calls")
@@ -133,3 +136,9 @@ def test_braces_and_quotes_inside_strings_do_not_end_the_arguments(text):
     arguments = json.loads(text[text.index('"arguments"') + 12:].split("\n</tool_call>")[0][:-1])
     name = json.loads(text[text.index("{"):].split("\n</tool_call>")[0])["name"]
     expect(text, None, [(name, arguments)], "tool_calls")
+
+
+def test_call_ids_come_from_the_readers_maker():
+    reader = CallReader(NAMES, new_id=lambda: "a1B2c3D4e")
+    reader.push(f"[{LYON}]")
+    assert reader.finish("stop")[1] == "tool_calls" and reader.calls()[0]["id"] == "a1B2c3D4e"

@@ -31,11 +31,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 TEMPLATES = Path(__file__).parent / "reference" / "chat_templates"
 QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 LLAMA3_TEMPLATE = TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja"
+MISTRAL_TEMPLATE = TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
 
 
 def check_call(call: dict, name: str | None = None) -> dict:
     """A tool call's shape; its arguments parsed and validated against the function's schema."""
-    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["type"] == "function"
+    assert call["id"].startswith("call_") or (len(call["id"]) == 9 and call["id"].isalnum())  # OpenAI's, Mistral's
     function = next(t["function"] for t in TOOLS if t["function"]["name"] == call["function"]["name"])
     assert name is None or function["name"] == name
     args = json.loads(call["function"]["arguments"])
@@ -77,7 +79,7 @@ def streamed_call(chunks: list[dict]) -> dict:
     """The call a stream of chunks carries, put together as an OpenAI client does: the first
     tool_calls delta gives id and name, the next ones pieces of the arguments."""
     deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
-    head, rest = deltas[0], deltas[1:]
+    head, rest = deltas[0], [d for d in deltas[1:] if d["index"] == 0]  # the first call's
     assert head["index"] == 0 and head["function"]["arguments"] == "" and head["type"] == "function"
     assert rest and all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in rest)
     return dict(head, function=dict(head["function"], arguments="".join(d["function"]["arguments"] for d in rest)))
@@ -191,6 +193,7 @@ LYON = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
     (f"<tool_call>\n{LYON}\n</tool_call>", True, True),
     (f"```json\n{LYON}\n```", True, True),  # Qwen2.5-Coder's free form (issue 50)
     (f"{LYON}\n{LYON}", True, True),
+    (f"[{LYON}, {LYON}]", True, True),  # Mistral's array
     (f"  <tool_call>\n{LYON}\n</tool_call>\n<tool_call>{LYON}</tool_call>\n", True, True),
     (f"<think>the weather, so</think>\n{LYON}", True, True),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"town": "Lyon"}}', True, False),  # not its parameters
@@ -259,6 +262,35 @@ def test_the_models_own_format_on_a_llama_3_template(tiny_model):
     assert f'{{"name": "{name}", "parameters": {json.dumps(json.loads(call["function"]["arguments"]))}}}' in rendered
     # the template passes a string result through tojson (a string is iterable to Jinja), as with Hugging Face
     assert '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"<|eot_id|>' in rendered
+
+
+def test_the_models_own_format_on_a_mistral_template(tiny_model):
+    """Mistral Nemo's template lists the functions in [AVAILABLE_TOOLS] and expects
+    [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the control token writes no text: the
+    array is what the reader sees); its call ids must be 9 letters and digits, or it refuses
+    the conversation that sends the call back."""
+    path = tiny_model("llama", metadata={"tokenizer.chat_template": MISTRAL_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=2048)
+    prompt = llm.chat_formatter.render(ASK, tools=TOOLS, add_generation_prompt=True)
+    assert prompt.count('[AVAILABLE_TOOLS][{"type": "function", "function": {"name": "get_weather"') == 1
+    kwargs = dict(tools=TOOLS, tool_choice="required", max_tokens=160, temperature=0.5, seed=3)
+    r = llm.create_chat_completion(ASK, **kwargs)
+    calls = r["choices"][0]["message"]["tool_calls"]
+    assert calls and r["choices"][0]["finish_reason"] == "tool_calls"
+    for call in calls:
+        check_call(call)
+        assert len(call["id"]) == 9 and call["id"].isalnum()
+    chunks = list(llm.create_chat_completion(ASK, stream=True, **kwargs))
+    assert streamed_call(chunks)["function"]["arguments"] == calls[0]["function"]["arguments"]
+    follow = ASK + [r["choices"][0]["message"]] + [{"role": "tool", "tool_call_id": c["id"], "content": "sunny"}
+                                                   for c in calls]
+    rendered = as_the_api_renders(llm, follow)
+    first = calls[0]
+    assert (f'[TOOL_CALLS][{{"name": "{first["function"]["name"]}", "arguments": '
+            f'{json.dumps(json.loads(first["function"]["arguments"]))}, "id": "{first["id"]}"}}') in rendered
+    assert f'[TOOL_RESULTS]{{"content": sunny, "call_id": "{first["id"]}"}}[/TOOL_RESULTS]' in rendered
+    grammar = ToolCalling(TOOLS, "required", MISTRAL_TEMPLATE.read_text()).grammar()
+    assert grammar is not None and ToolCalling(TOOLS, "auto", MISTRAL_TEMPLATE.read_text()).format == "mistral"
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ A call is a JSON object with the name first and the arguments next, `{"name": "f
   - inside `<tool_call>` ... `</tool_call>` (Hermes 2 Pro, Qwen 2.5 and 3: the templates' own form),
   - inside a Markdown fence, ```` ```json ```` or ```` ``` ```` (what Qwen 2.5 Coder and other small
     models write when they answer freely),
+  - in a JSON array of calls (Mistral's, after its [TOOL_CALLS] control token, which the text
+    does not show), each object maybe with an "id" last,
   - or bare.
 Several calls in one answer are read in order (OpenAI's parallel tool calls) unless the
 request allows only one (parallel_tool_calls false: the text after the first call is content).
@@ -28,33 +30,41 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Callable
 
 import regex
 
-# a call's head: an optional opening (the tag, a fence), the object's name and its arguments'
-# key; the arguments must be an object. `regex` (not `re`) for partial matches: whether text
-# cut short may still become a head.
-_HEAD = regex.compile(r'(<tool_call>\s*|```(?:json)?[ \t]*\n\s*)?'
+# a call's head: an optional opening (the tag, a fence, a JSON array's bracket), the object's
+# name and its arguments' key; the arguments must be an object. `regex` (not `re`) for partial
+# matches: whether text cut short may still become a head.
+_HEAD = regex.compile(r'(<tool_call>\s*|```(?:json)?[ \t]*\n\s*|\[\s*)?'
                       r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-# after the arguments: the object's end, and the opening's closing
-_CLOSE = {"<": regex.compile(r"\s*\}\s*</tool_call>"), "`": regex.compile(r"\s*\}\s*```"),
-          "": regex.compile(r"\s*\}")}
-_OPENINGS = "<`{"
+# after the arguments: the object's end (an "id" may come last, as Mistral's calls carry one),
+# and the opening's closing; in an array, a comma (another call follows) or the bracket
+_END = r'\s*(?:,\s*"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*)?\}'
+_CLOSE = {"<": regex.compile(_END + r"\s*</tool_call>"), "`": regex.compile(_END + r"\s*```"),
+          "[": regex.compile(_END + r"\s*([,\]])"), "": regex.compile(_END)}
+_OPENINGS = "<`[{"
+
+
+def openai_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class _Call:
-    def __init__(self, index: int, name: str, opening: str, args_start: int):
-        self.index, self.name, self.opening = index, name, opening
-        self.id = f"call_{uuid.uuid4().hex[:24]}"
+    def __init__(self, index: int, name: str, opening: str, args_start: int, call_id: str):
+        self.index, self.name, self.opening, self.id = index, name, opening, call_id
         self.args_start = self.sent = args_start
         self.value = _ValueEnd()
         self.arguments: str | None = None  # the arguments' JSON text once complete
 
 
 class CallReader:
-    def __init__(self, names: set[str], parallel: bool = True):
-        """names: the functions the answer may call; parallel: whether it may call several."""
-        self.names, self.parallel = names, parallel
+    def __init__(self, names: set[str], parallel: bool = True, new_id: Callable[[], str] = openai_id):
+        """names: the functions the answer may call; parallel: whether it may call several;
+        new_id: a new call's id (OpenAI's "call_..." unless the template wants others)."""
+        self.names, self.parallel, self.new_id = names, parallel, new_id
+        self._array = False  # inside a JSON array of calls, after a comma
         self.text = ""
         self.content = ""  # the content sent so far
         self._pos = 0  # the text before this is content sent or calls read
@@ -109,7 +119,8 @@ class CallReader:
                 i += 1
                 continue
             self._send(deltas, self.text[self._pos:i].rstrip())
-            self._open = _Call(len(self._calls), name, (m.group(1) or "")[:1], m.end())
+            opening = (m.group(1) or ("[" if self._array else ""))[:1]
+            self._open = _Call(len(self._calls), name, opening, m.end(), self.new_id())
             deltas.append(dict(tool_calls=[dict(index=self._open.index, id=self._open.id, type="function",
                                                 function=dict(name=name, arguments=""))]))
             self._pos = m.end()
@@ -133,6 +144,7 @@ class CallReader:
             return False
         if m is None:  # no closing tag or fence: the call ends with its object (or its arguments)
             m = _CLOSE[""].match(self.text, end)
+        self._array = call.opening == "[" and m is not None and m.re is _CLOSE["["] and m.group(1) == ","
         self._pos, self._open = (m.end() if m is not None else end), None
         call.arguments = self.text[call.args_start:end]  # as written, JSON or not (OpenAI's too)
         self._calls.append(call)

@@ -2,21 +2,24 @@
 
 What lives here: `ToolCalling`, which checks the request's tools and tool_choice, prepares
 the conversation for the model's template, gives the grammar that makes the model's answer
-a valid call (or lets it answer in text, for "auto"), and reads the calls back out of the
-generated text. Three formats:
+valid calls (for "auto": once the answer starts one, a lazy grammar), and reads the calls
+back out of the generated text. Four formats, chosen from the chat template:
   - "hermes": the template renders `tools` itself and expects
     `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen 2.5/3, Hermes);
     earlier calls and tool results go to the template as Hugging Face passes them;
   - "llama3": likewise, for Llama 3.1-3.3's custom tools: a bare
     `{"name": ..., "parameters": {...}}`, results in the template's ipython turns;
+  - "mistral": likewise, for Mistral's `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+    (call ids of 9 letters and digits, which its templates require);
   - "json" (any other template): a system message lists the functions and asks for a bare
     `{"name": ..., "arguments": {...}}`; earlier calls become assistant text and tool results
     user messages ("Function NAME returned: ...").
 A call the grammar shapes has arguments that match the function's `parameters` schema (with
-additionalProperties false unless it says otherwise). Under "hermes" an answer may hold
-several calls, one per line (OpenAI's parallel tool calls; parallel_tool_calls=false allows
-one); under "auto" the answer may also be text, in which the reader still finds the calls
-models write freely (a fenced or bare JSON call, tool_reader.py). What does not live here:
+additionalProperties false unless it says otherwise). Under "hermes" and "mistral" an answer
+may hold several calls (OpenAI's parallel tool calls; parallel_tool_calls=false allows one);
+under "auto" the answer is free text until it starts a call to an offered function, in any of
+the forms the reader knows (tags, a fence, bare, an array), and the reader finds the calls
+models write after text too (tool_reader.py). What does not live here:
 reading the calls out of the text as it comes (tool_reader.py), generation and the response
 shapes (completions.py, responses.py).
 """
@@ -24,13 +27,15 @@ shapes (completions.py, responses.py).
 from __future__ import annotations
 
 import json
+import secrets
+import string
 from typing import Any
 
 from ..errors import EdgeKVError
 import regex
 
 from ..grammar import Grammar, LazyGrammar
-from .tool_reader import CallReader
+from .tool_reader import CallReader, openai_id
 
 
 class ToolCalling:
@@ -101,6 +106,9 @@ class ToolCalling:
         if self.format == "hermes":  # several calls, one per line, unless parallel_tool_calls is false
             rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
             calls = 'call ("\\n" call)*' if self.parallel else "call"
+        elif self.format == "mistral":  # a JSON array of calls (the template's [TOOL_CALLS] form)
+            rules = f"call: %json {call}"
+            calls = '"[" call (", " call)* "]"' if self.parallel else '"[" call "]"'
         else:
             rules, calls = f"call: %json {call}", "call"
         return Grammar.from_lark(f"start: {calls}\n{rules}")
@@ -112,12 +120,13 @@ class ToolCalling:
         the answer is calls, one or several, whose arguments follow the parameters."""
         names = "|".join(regex.escape(json.dumps(f["name"])) for f in self.functions)
         ws = r"[ \t\r\n]*"  # JSON's whitespace, the grammar's WS (not \s: no other space may start a call)
-        trigger = (rf'(?:<think>[\s\S]*?</think>)?\s*((?:<tool_call>{ws}|```(?:json)?[ \t]*\n{ws})?'
+        trigger = (rf'(?:<think>[\s\S]*?</think>)?\s*((?:<tool_call>{ws}|```(?:json)?[ \t]*\n{ws}|\[{ws})?'
                    rf'\{{{ws}"name"{ws}:{ws}(?:{names}))')
-        calls = "(WS? call)+ WS?" if self.parallel else "call WS?"
+        calls, array = ("(WS? call)+ WS?", '(WS? "," WS? body)*') if self.parallel else ("call WS?", "")
         return LazyGrammar(Grammar.from_lark(
             f"start: {calls}\n"
             'call: "<tool_call>" WS? body WS? "</tool_call>" | FENCE WS? body WS? "```" | body\n'
+            f'    | "[" WS? body {array} WS? "]"\n'
             f"body: %json {self._call_schema(self.functions, flexible=True)}\n"
             "FENCE: /```(json)?[ \\t]*\\n/\n"
             "WS: /[ \\t\\r\\n]+/"), trigger)
@@ -137,7 +146,8 @@ class ToolCalling:
 
     def reader(self) -> CallReader:
         """A reader for this answer's text: its content and calls, as they come (tool_reader.py)."""
-        return CallReader({f["name"] for f in self.functions}, parallel=self.parallel)
+        return CallReader({f["name"] for f in self.functions}, parallel=self.parallel,
+                          new_id=_mistral_id if self.format == "mistral" else openai_id)
 
     def answer(self, text: str, reason: str) -> tuple[str, list[dict] | None, str]:
         """A whole generated answer as (content, OpenAI's message["tool_calls"] or None,
@@ -151,9 +161,16 @@ class ToolCalling:
 def _format(template: str) -> str:
     if "<tool_call>" in template and "tools" in template:
         return "hermes"
+    if "[TOOL_CALLS]" in template and "[AVAILABLE_TOOLS]" in template:  # Mistral 7B v0.3, Nemo, Small
+        return "mistral"
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2, 3.3
         return "llama3"
     return "json"
+
+
+def _mistral_id() -> str:
+    """Mistral's templates refuse call ids that are not 9 letters and digits."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
 def _functions(tools: Any) -> list[dict]:
@@ -212,6 +229,15 @@ def _call_dict(call: Any) -> dict:
 def _hf_message(m: dict) -> dict:
     """An OpenAI message as Hugging Face templates read it (tool call arguments as objects)."""
     if m.get("role") == "assistant" and m.get("tool_calls"):
-        calls = [{"type": "function", "function": _call_dict(c)} for c in m["tool_calls"]]
+        calls = [_hf_call(c) for c in m["tool_calls"]]
         return dict(m, content=m.get("content") or "", tool_calls=calls)
     return m
+
+
+def _hf_call(call: Any) -> dict:
+    """A call of an assistant message as Hugging Face templates read it (its id kept: Mistral's
+    templates write it back)."""
+    out = {"type": "function", "function": _call_dict(call)}
+    if isinstance(call, dict) and call.get("id") is not None:
+        out["id"] = call["id"]
+    return out
