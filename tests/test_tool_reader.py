@@ -138,6 +138,44 @@ def test_braces_and_quotes_inside_strings_do_not_end_the_arguments(text):
     expect(text, None, [(name, arguments)], "tool_calls")
 
 
+SCHEMAS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                           "zip": {"type": "string"}}},
+           "add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}
+XML_LYON = "<tool_call>\n<function=get_weather>\n<parameter=city>\nLyon\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    (XML_LYON, None, [("get_weather", {"city": "Lyon"})]),
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSaint-\u00c9tienne <Loire>\n</parameter>\n"
+     "<parameter=days>\n3\n</parameter>\n<parameter=zip>\n042\n</parameter>\n</function>\n</tool_call>",
+     None, [("get_weather", {"city": "Saint-\u00c9tienne <Loire>", "days": 3, "zip": "042"})]),  # typed by the schema
+    (f"I will check both.\n{XML_LYON}\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n"
+     "<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>",
+     "I will check both.", [("get_weather", {"city": "Lyon"}), ("add", {"a": 1, "b": 2})]),
+    ("<tool_call>\n<function=get_weather>\n</function>\n</tool_call>", None, [("get_weather", {})]),
+    ("<tool_call>\n<function=say_hi>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=say_hi>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", []),
+])
+def test_qwen3_coder_xml_calls(text, content, calls):
+    for size in (1, 3, 7, len(text)):
+        reader = CallReader(NAMES, schemas=SCHEMAS)
+        deltas = [d for i in range(0, len(text), size) for d in reader.push(text[i:i + size])]
+        last, finish = reader.finish("stop")
+        deltas += last
+        assert "".join(d.get("content", "") for d in deltas) == (content or "") == reader.content
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reader.calls() or []]
+        assert got == calls and finish == ("tool_calls" if calls else "stop")
+        for index, call in enumerate(reader.calls() or []):  # the stream's pieces are the arguments' text
+            pieces = [p["function"]["arguments"] for d in deltas for p in d.get("tool_calls", []) if p["index"] == index]
+            assert "".join(pieces) == call["function"]["arguments"]
+
+
+def test_a_qwen3_coder_call_cut_short_is_no_call():
+    reader = CallReader(NAMES, schemas=SCHEMAS)
+    reader.push("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2")
+    assert reader.finish("length")[1] == "length" and reader.calls() is None
+
+
 def test_call_ids_come_from_the_readers_maker():
     reader = CallReader(NAMES, new_id=lambda: "a1B2c3D4e")
     reader.push(f"[{LYON}]")

@@ -32,6 +32,7 @@ TEMPLATES = Path(__file__).parent / "reference" / "chat_templates"
 QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 LLAMA3_TEMPLATE = TEMPLATES / "meta-llama-Llama-3.2-3B-Instruct.jinja"
 MISTRAL_TEMPLATE = TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+QWEN3_CODER_TEMPLATE = TEMPLATES / "Qwen3-Coder.jinja"
 
 
 def check_call(call: dict, name: str | None = None) -> dict:
@@ -291,6 +292,59 @@ def test_the_models_own_format_on_a_mistral_template(tiny_model):
     assert f'[TOOL_RESULTS]{{"content": sunny, "call_id": "{first["id"]}"}}[/TOOL_RESULTS]' in rendered
     grammar = ToolCalling(TOOLS, "required", MISTRAL_TEMPLATE.read_text()).grammar()
     assert grammar is not None and ToolCalling(TOOLS, "auto", MISTRAL_TEMPLATE.read_text()).format == "mistral"
+
+
+def test_the_models_own_format_on_a_qwen3_coder_template(tiny_model):
+    """Qwen3-Coder's template lists the functions as XML and expects <tool_call><function=NAME>
+    <parameter=KEY>VALUE</parameter>...; under the grammar a tiny random model writes that, the
+    values typed by the schema (add's integers), and the call goes back through the template."""
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN3_CODER_TEMPLATE.read_text()})
+    llm = Llama(str(path), n_ctx=4096)
+    prompt = llm.chat_formatter.render(ASK, tools=TOOLS, add_generation_prompt=True)
+    assert "<function>\n<name>get_weather</name>" in prompt
+    for choice in ("required", *({"type": "function", "function": {"name": name}} for name in ("add", "get_weather"))):
+        kwargs = dict(tools=TOOLS, tool_choice=choice, parallel_tool_calls=False, max_tokens=200, temperature=0.5,
+                      seed=3)
+        r = llm.create_chat_completion(ASK, **kwargs)
+        [call] = r["choices"][0]["message"]["tool_calls"]
+        args = json.loads(call["function"]["arguments"])
+        for key, value in args.items():  # the grammar does not enforce required keys; the types it does
+            properties = next(t["function"]["parameters"]["properties"] for t in TOOLS
+                              if t["function"]["name"] == call["function"]["name"])
+            assert isinstance(value, int if properties[key]["type"] == "integer" else str), (key, value)
+        chunks = list(llm.create_chat_completion(ASK, stream=True, **kwargs))
+        assert streamed_call(chunks)["function"]["arguments"] == call["function"]["arguments"]
+    follow = ASK + [r["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "3"}]
+    rendered = as_the_api_renders(llm, follow)
+    assert f'<tool_call>\n<function={call["function"]["name"]}>\n' in rendered
+    assert "<tool_response>\n3\n</tool_response>" in rendered
+
+
+@pytest.mark.parametrize("text, valid", [
+    ("<tool_call>\n<function=add>\n<parameter=a>\n12\n</parameter>\n<parameter=b>\n3\n</parameter>\n"
+     "</function>\n</tool_call>", True),
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSaint <Lyon>\n</parameter>\n</function>\n"
+     "</tool_call>", True),
+    ("<tool_call>\n<function=add>\n<parameter=a>\ntwelve\n</parameter>\n", False),  # not an integer
+    ("<tool_call>\n<function=add>\n<parameter=c>\n1\n</parameter>\n", False),  # not a parameter of add
+])
+def test_qwen3_coder_calls_under_auto_are_held_to_the_parameters(tiny_model, text, valid):
+    import numpy as np
+
+    from edgekv.grammar import LazyConstraint
+
+    path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN3_CODER_TEMPLATE.read_text()})
+    tokenizer = Llama(str(path), n_ctx=256).tokenizer_
+    constraint = LazyConstraint(ToolCalling(TOOLS, "auto", QWEN3_CODER_TEMPLATE.read_text()).grammar(), tokenizer)
+    history, allowed = [1, 2], True
+    for token in tokenizer.encode(text, add_bos=False):
+        logits = np.zeros(tokenizer.n_vocab, np.float32)
+        constraint.apply(logits, history)
+        if not np.isfinite(logits[token]):
+            allowed = False
+            break
+        history.append(token)
+    assert constraint.inner is not None and allowed == valid
 
 
 @pytest.mark.slow

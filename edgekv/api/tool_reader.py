@@ -12,6 +12,8 @@ A call is a JSON object with the name first and the arguments next, `{"name": "f
   - inside `<tool_call>` ... `</tool_call>` (Hermes 2 Pro, Qwen 2.5 and 3: the templates' own form),
   - inside a Markdown fence, ```` ```json ```` or ```` ``` ```` (what Qwen 2.5 Coder and other small
     models write when they answer freely),
+  - as Qwen3-Coder's XML, `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...
+    </function>\n</tool_call>`, whose parameters become JSON arguments (typed by the schema);
   - in a JSON array of calls (Mistral's, after its [TOOL_CALLS] control token, which the text
     does not show), each object maybe with an "id" last,
   - or bare.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 import regex
 
@@ -45,6 +47,9 @@ _END = r'\s*(?:,\s*"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*)?\}'
 _CLOSE = {"<": regex.compile(_END + r"\s*</tool_call>"), "`": regex.compile(_END + r"\s*```"),
           "[": regex.compile(_END + r"\s*([,\]])"), "": regex.compile(_END)}
 _OPENINGS = "<`[{"
+# Qwen3-Coder's XML: <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+_XML_HEAD = regex.compile(r"(<tool_call>\s*)?<function=([^>\n]*)>")
+_XML_CLOSE = {"<": regex.compile(r"\s*</function>\s*</tool_call>"), "": regex.compile(r"\s*</function>")}
 
 
 def openai_id() -> str:
@@ -59,11 +64,39 @@ class _Call:
         self.arguments: str | None = None  # the arguments' JSON text once complete
 
 
+class _XmlCall:
+    """A call in Qwen3-Coder's XML: its arguments are built as JSON, one parameter at a time
+    (a string where the parameter's schema says string, else the value read as JSON if it
+    is, as llama.cpp's parser types them)."""
+
+    def __init__(self, index: int, name: str, opening: str, pos: int, call_id: str, types: dict[str, Any]):
+        self.index, self.name, self.opening, self.id, self.pos = index, name, opening, call_id, pos
+        self.types, self.built, self.arguments = types, "", None
+
+    def add(self, key: str, value: str) -> str:
+        if self.types.get(key) != "string":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        piece = ("{" if not self.built else ", ") + f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}"
+        self.built += piece
+        return piece
+
+    def close(self) -> str:
+        piece = "}" if self.built else "{}"
+        self.built += piece
+        self.arguments = self.built
+        return piece
+
+
 class CallReader:
-    def __init__(self, names: set[str], parallel: bool = True, new_id: Callable[[], str] = openai_id):
+    def __init__(self, names: set[str], parallel: bool = True, new_id: Callable[[], str] = openai_id,
+                 schemas: dict[str, dict] | None = None):
         """names: the functions the answer may call; parallel: whether it may call several;
-        new_id: a new call's id (OpenAI's "call_..." unless the template wants others)."""
-        self.names, self.parallel, self.new_id = names, parallel, new_id
+        new_id: a new call's id (OpenAI's "call_..." unless the template wants others);
+        schemas: each function's parameters schema (how XML parameters are typed)."""
+        self.names, self.parallel, self.new_id, self.schemas = names, parallel, new_id, schemas or {}
         self._array = False  # inside a JSON array of calls, after a comma
         self.text = ""
         self.content = ""  # the content sent so far
@@ -111,19 +144,25 @@ class CallReader:
             self._pos = len(self.text) - len(self.text[self._pos:].lstrip())
         held, i = len(self.text), self._pos
         while (self.parallel or not self._calls) and (i := _next_opening(self.text, i)) >= 0:
-            m = _HEAD.match(self.text, i, partial=not final)
-            if m is not None and m.partial:
+            m, xml = _HEAD.match(self.text, i, partial=not final), _XML_HEAD.match(self.text, i, partial=not final)
+            if (m is not None and m.partial) or (xml is not None and xml.partial):
                 held = i
                 break
-            if m is None or (name := _name(m.group(2))) not in self.names:
+            name = _name(m.group(2)) if m is not None else xml.group(2).strip() if xml is not None else None
+            if name not in self.names:
                 i += 1
                 continue
             self._send(deltas, self.text[self._pos:i].rstrip())
-            opening = (m.group(1) or ("[" if self._array else ""))[:1]
-            self._open = _Call(len(self._calls), name, opening, m.end(), self.new_id())
+            if m is not None:
+                opening = (m.group(1) or ("[" if self._array else ""))[:1]
+                self._open = _Call(len(self._calls), name, opening, m.end(), self.new_id())
+            else:
+                types = {k: v.get("type") for k, v in (self.schemas.get(name, {}).get("properties") or {}).items()
+                         if isinstance(v, dict)}
+                self._open = _XmlCall(len(self._calls), name, (xml.group(1) or "")[:1], xml.end(), self.new_id(), types)
             deltas.append(dict(tool_calls=[dict(index=self._open.index, id=self._open.id, type="function",
                                                 function=dict(name=name, arguments=""))]))
-            self._pos = m.end()
+            self._pos = self._open.pos if xml is not None and m is None else m.end()
             return True
         sendable = self.text[self._pos:held].rstrip()  # trailing whitespace waits for what follows it
         self._send(deltas, sendable)
@@ -133,6 +172,8 @@ class CallReader:
     def _read_call(self, deltas: list[dict], final: bool) -> bool:
         """Sends the open call's arguments as far as they go; whether the call is complete."""
         call = self._open
+        if isinstance(call, _XmlCall):
+            return self._read_xml_call(call, deltas, final)
         end = call.value.scan(self.text, call.args_start)
         if end > call.sent:
             deltas.append(dict(tool_calls=[dict(index=call.index, function=dict(arguments=self.text[call.sent:end]))]))
@@ -149,6 +190,36 @@ class CallReader:
         call.arguments = self.text[call.args_start:end]  # as written, JSON or not (OpenAI's too)
         self._calls.append(call)
         return True
+
+    def _read_xml_call(self, call: _XmlCall, deltas: list[dict], final: bool) -> bool:
+        """Reads the open XML call's complete parameters (each sent as a piece of the JSON
+        arguments) and its closing; whether the call is complete."""
+        def send(piece: str) -> None:
+            deltas.append(dict(tool_calls=[dict(index=call.index, function=dict(arguments=piece))]))
+
+        while True:
+            start = len(self.text) - len(self.text[call.pos:].lstrip())
+            rest = self.text[start:]
+            if rest.startswith("<parameter="):
+                key_end, close = rest.find(">"), rest.find("</parameter>")
+                if key_end < 0 or close < 0:  # not complete yet
+                    break
+                value = rest[key_end + 1:close]
+                value = value[1:] if value.startswith("\n") else value
+                send(call.add(rest[len("<parameter="):key_end].strip(), value[:-1] if value.endswith("\n") else value))
+                call.pos = start + close + len("</parameter>")
+                continue
+            m = _XML_CLOSE[call.opening].match(self.text, call.pos, partial=not final)
+            if m is not None and m.partial or (m is None and not final and ("<parameter=".startswith(rest)
+                                                                             or "</function>".startswith(rest))):
+                break
+            if m is None:  # no closing tag: the function's end alone
+                m = _XML_CLOSE[""].match(self.text, call.pos)
+            send(call.close())  # closed, or not XML any more: the call ends with its last parameter
+            self._pos, self._open = (m.end() if m is not None else call.pos), None
+            self._calls.append(call)
+            return True
+        return False  # waiting for more (or cut short: what was sent stays, the call is not complete)
 
     def _send(self, deltas: list[dict], text: str) -> None:
         if text:

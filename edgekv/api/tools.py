@@ -3,12 +3,15 @@
 What lives here: `ToolCalling`, which checks the request's tools and tool_choice, prepares
 the conversation for the model's template, gives the grammar that makes the model's answer
 valid calls (for "auto": once the answer starts one, a lazy grammar), and reads the calls
-back out of the generated text. Four formats, chosen from the chat template:
+back out of the generated text. Five formats, chosen from the chat template:
   - "hermes": the template renders `tools` itself and expects
     `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen 2.5/3, Hermes);
     earlier calls and tool results go to the template as Hugging Face passes them;
   - "llama3": likewise, for Llama 3.1-3.3's custom tools: a bare
     `{"name": ..., "parameters": {...}}`, results in the template's ipython turns;
+  - "qwen3_coder": likewise, for Qwen3-Coder's XML calls (`<tool_call>\n<function=NAME>\n
+    <parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>`; values typed by the
+    schema: integers, numbers and booleans by the grammar, the rest text);
   - "mistral": likewise, for Mistral's `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
     (call ids of 9 letters and digits, which its templates require);
   - "json" (any other template): a system message lists the functions and asks for a bare
@@ -103,6 +106,9 @@ class ToolCalling:
             return self._lazy_grammar()
         wanted = self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
         call = self._call_schema(wanted, flexible=False)
+        if self.format == "qwen3_coder":
+            calls = 'xcall ("\\n" xcall)*' if self.parallel else "xcall"
+            return Grammar.from_lark(f"start: {calls}\n{_xml_rules(wanted, strict=True)}")
         if self.format == "hermes":  # several calls, one per line, unless parallel_tool_calls is false
             rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
             calls = 'call ("\\n" call)*' if self.parallel else "call"
@@ -120,13 +126,15 @@ class ToolCalling:
         the answer is calls, one or several, whose arguments follow the parameters."""
         names = "|".join(regex.escape(json.dumps(f["name"])) for f in self.functions)
         ws = r"[ \t\r\n]*"  # JSON's whitespace, the grammar's WS (not \s: no other space may start a call)
+        xml = "|".join(regex.escape(f["name"]) for f in self.functions)
         trigger = (rf'(?:<think>[\s\S]*?</think>)?\s*((?:<tool_call>{ws}|```(?:json)?[ \t]*\n{ws}|\[{ws})?'
-                   rf'\{{{ws}"name"{ws}:{ws}(?:{names}))')
+                   rf'\{{{ws}"name"{ws}:{ws}(?:{names})|<tool_call>\n<function=(?:{xml})>)')
         calls, array = ("(WS? call)+ WS?", '(WS? "," WS? body)*') if self.parallel else ("call WS?", "")
         return LazyGrammar(Grammar.from_lark(
             f"start: {calls}\n"
             'call: "<tool_call>" WS? body WS? "</tool_call>" | FENCE WS? body WS? "```" | body\n'
-            f'    | "[" WS? body {array} WS? "]"\n'
+            f'    | "[" WS? body {array} WS? "]" | xcall\n'
+            f"{_xml_rules(self.functions, strict=False)}\n"
             f"body: %json {self._call_schema(self.functions, flexible=True)}\n"
             "FENCE: /```(json)?[ \\t]*\\n/\n"
             "WS: /[ \\t\\r\\n]+/"), trigger)
@@ -147,7 +155,8 @@ class ToolCalling:
     def reader(self) -> CallReader:
         """A reader for this answer's text: its content and calls, as they come (tool_reader.py)."""
         return CallReader({f["name"] for f in self.functions}, parallel=self.parallel,
-                          new_id=_mistral_id if self.format == "mistral" else openai_id)
+                          new_id=_mistral_id if self.format == "mistral" else openai_id,
+                          schemas={f["name"]: f.get("parameters") or {} for f in self.functions})
 
     def answer(self, text: str, reason: str) -> tuple[str, list[dict] | None, str]:
         """A whole generated answer as (content, OpenAI's message["tool_calls"] or None,
@@ -159,6 +168,8 @@ class ToolCalling:
 
 
 def _format(template: str) -> str:
+    if "<function=" in template and "<parameter=" in template:  # Qwen3-Coder's XML calls
+        return "qwen3_coder"
     if "<tool_call>" in template and "tools" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template and "[AVAILABLE_TOOLS]" in template:  # Mistral 7B v0.3, Nemo, Small
@@ -166,6 +177,35 @@ def _format(template: str) -> str:
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2, 3.3
         return "llama3"
     return "json"
+
+
+# a Qwen3-Coder parameter's value and closing tag by its schema type; text (strings, and what the
+# grammar does not type) is anything up to the first closing tag, in one lexeme with it (llguidance's
+# lexemes are greedy: text alone would swallow the tag's start)
+_XML_VALUES = {"integer": 'XINT "\\n</parameter>\\n"', "number": 'XNUM "\\n</parameter>\\n"',
+               "boolean": '("true" | "false") "\\n</parameter>\\n"'}
+_XML_TERMINALS = ("XTEXT: /(.|\\n)*\\n<\\/parameter>\\n/ & ~/(.|\\n)*<\\/parameter>(.|\\n)*<\\/parameter>(.|\\n)*/\n"
+                  "XINT: /-?(0|[1-9][0-9]*)/\n"
+                  "XNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/")
+
+
+def _xml_rules(functions: list[dict], strict: bool) -> str:
+    """Lark rules `xcall` for Qwen3-Coder's XML calls to `functions`: each parameter's key is
+    one of the function's, its value typed as above (which keys are required is not enforced);
+    strict: one newline between the tags, as the template writes them (else any whitespace)."""
+    calls, rules = [], []
+    for i, f in enumerate(functions):
+        props = (f.get("parameters") or {}).get("properties") or {}
+        params = [f'{json.dumps(f"<parameter={key}>")} "\\n" {_XML_VALUES.get(spec.get("type"), "XTEXT")}'
+                  for key, spec in props.items() if isinstance(spec, dict)]
+        head = json.dumps(f"<function={f['name']}>")
+        calls.append(f'{head} "\\n" {f"xp{i}*" if params else ""} "</function>"')
+        if params:
+            rules.append(f"xp{i}: " + " | ".join(params))
+    # the tags as lexemes of their own, as the JSON forms' grammar has them (<tool_call> starts both)
+    ws = '"\\n"' if strict else "XWS"
+    return "\n".join([f'xcall: "<tool_call>" {ws} ({" | ".join(calls)}) {ws} "</tool_call>"', *rules,
+                      _XML_TERMINALS, "XWS: /[ \\t\\r\\n]+/"])
 
 
 def _mistral_id() -> str:
