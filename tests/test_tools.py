@@ -352,7 +352,7 @@ def test_round_trip_through_the_openai_client(llm):
     with serving(create_app(llm)) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=WAIT_S)
         first = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
-                                               temperature=0, max_tokens=80)
+                                               parallel_tool_calls=False, temperature=0, max_tokens=80)
         assert first.choices[0].finish_reason == "tool_calls"
         call = first.choices[0].message.tool_calls[0]
         args = json.loads(call.function.arguments)
@@ -373,6 +373,8 @@ def test_round_trip_through_the_openai_client(llm):
         with pytest.raises(openai.BadRequestError, match="names no function"):
             bad.create(model="m", messages=ASK, tools=TOOLS, tool_choice={"type": "function",
                                                                          "function": {"name": "nope"}})
+        with pytest.raises(openai.BadRequestError, match="parallel_tool_calls must be true or false"):
+            bad.create(model="m", messages=ASK, tools=TOOLS, extra_body={"parallel_tool_calls": "yes"})
 
 
 @pytest.mark.slow
