@@ -101,8 +101,8 @@ class CallReader:
         self.text = ""
         self.content = ""  # the content sent so far
         self._pos = 0  # the text before this is content sent or calls read
-        self._calls: list[_Call] = []
-        self._open: _Call | None = None
+        self._calls: list[_Call | _XmlCall] = []
+        self._open: _Call | _XmlCall | None = None
 
     def push(self, piece: str) -> list[dict]:
         """The stream deltas the answer's next piece of text adds (maybe none yet)."""
@@ -162,7 +162,7 @@ class CallReader:
                 self._open = _XmlCall(len(self._calls), name, (xml.group(1) or "")[:1], xml.end(), self.new_id(), types)
             deltas.append(dict(tool_calls=[dict(index=self._open.index, id=self._open.id, type="function",
                                                 function=dict(name=name, arguments=""))]))
-            self._pos = self._open.pos if xml is not None and m is None else m.end()
+            self._pos = (m or xml).end()
             return True
         sendable = self.text[self._pos:held].rstrip()  # trailing whitespace waits for what follows it
         self._send(deltas, sendable)
