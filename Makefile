@@ -12,17 +12,24 @@ MODELS      := smollm2-135m-instruct gemma3-270m
 PYTEST_ARGS ?=
 PULL        := $(PY) -m edgekv pull
 
-.PHONY: test test-fast lint test-aarch64 chat bench install
+.PHONY: test test-python test-cuda-cpu models test-fast lint test-aarch64 chat bench install
 
-test: $(STAMP) lint
-	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
+# make test is its two halves in turn: the Python suite (printing its 30 slowest tests), then
+# native/'s kernels on the CPU. CI (.ci/run) runs the second half beside make test-aarch64.
+test: test-python test-cuda-cpu
+
+test-python: $(STAMP) lint models
 	$(PY) -m edgekv warmup
 	$(PY) -m pytest -q -rs --durations=30 $(PYTEST_ARGS)
-	$(CUDA_CPU) -m cuda_cpu $(PYTEST_ARGS)
 
 # native/*.cu run on this CPU as C++ under AddressSanitizer and UBSan (tests/cuda_cpu.py:
-# pytest with ASan's runtime preloaded, the tests marked cuda_cpu; ~14 min of make test)
+# pytest with ASan's runtime preloaded, the tests marked cuda_cpu; ~15 min of make test)
 CUDA_CPU    := $(PY) tests/cuda_cpu.py -q -rs
+test-cuda-cpu: $(STAMP) models
+	$(CUDA_CPU) -m cuda_cpu $(PYTEST_ARGS)
+
+models: $(STAMP)
+	@for name in $(MODELS); do $(PULL) $$name || exit 1; done
 
 # pyflakes and syntax errors over the whole tree (the rules: pyproject.toml [tool.ruff])
 lint: $(STAMP)
