@@ -34,9 +34,9 @@ import secrets
 import string
 from typing import Any
 
-from ..errors import EdgeKVError
 import regex
 
+from ..errors import EdgeKVError
 from ..grammar import Grammar, LazyGrammar
 from .tool_reader import CallReader, openai_id
 
@@ -105,10 +105,10 @@ class ToolCalling:
         if self.choice == "auto":
             return self._lazy_grammar()
         wanted = self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
-        call = self._call_schema(wanted, flexible=False)
         if self.format == "qwen3_coder":
             calls = 'xcall ("\\n" xcall)*' if self.parallel else "xcall"
             return Grammar.from_lark(f"start: {calls}\n{_xml_rules(wanted, strict=True)}")
+        call = self._call_schema(wanted, flexible=False)
         if self.format == "hermes":  # several calls, one per line, unless parallel_tool_calls is false
             rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
             calls = 'call ("\\n" call)*' if self.parallel else "call"
