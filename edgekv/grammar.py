@@ -192,12 +192,17 @@ class GrammarConstraint:
 class LazyGrammar:
     """A grammar that applies from where the output first matches a trigger on (llama.cpp's
     lazy grammars, as its tool calls use them): `trigger` is a regex matched at the start of
-    the output (`regex`'s partial matching says when it no longer can); once it matches, the
-    output from its first group (or from the match) must follow `grammar`. Before that, and
-    for ever when the output can no longer match, the text is free."""
+    the output, or after a leading reasoning block (`block`: its opening and closing tags;
+    opening None when the prompt already opened it), `regex`'s partial matching saying when it
+    no longer can; once it matches, the output from its first group (or from the match) must
+    follow `grammar`. Before that, and for ever when the output can no longer match, the text
+    is free. markers: texts that the model writes as special tokens and the trigger must see
+    (a tool call format's markers)."""
 
-    def __init__(self, grammar: Grammar, trigger: str):
+    def __init__(self, grammar: Grammar, trigger: str, markers: tuple[str, ...] = (),
+                 block: tuple[str | None, str] | None = None):
         self.grammar, self.trigger, self.source = grammar, regex.compile(trigger), f"lazy {grammar.source}"
+        self.markers, self.block = markers, block
 
     def __repr__(self) -> str:
         return f"LazyGrammar({self.grammar.source}, {self.trigger.pattern!r})"
@@ -206,15 +211,20 @@ class LazyGrammar:
 class LazyConstraint:
     """One generation under a LazyGrammar: no mask until the generated text (as the stream's
     detokenizer writes it) matches the trigger, then a GrammarConstraint fed the text from the
-    trigger on (re-tokenized: llguidance checks bytes, not how they were split into tokens)."""
+    trigger on (re-tokenized: llguidance checks bytes, not how they were split into tokens).
+    A reasoning block is skipped by looking for its closing tag in the new text only (a long
+    block costs no more than its length)."""
 
     def __init__(self, lazy: LazyGrammar, tokenizer: Tokenizer, end_ids: Iterable[int] = ()):
         self.lazy, self.tokenizer, self.end_ids = lazy, tokenizer, end_ids
         self.inner: GrammarConstraint | None = None
         self.text, self.free = "", False  # free: the trigger can no longer match
-        self._detokenizer = tokenizer.detokenizer(skip_special=True)
+        self._detokenizer = tokenizer.detokenizer(skip_special=True, keep=tokenizer.ids_of(lazy.markers))
         self._start: int | None = None
         self._seen = 0
+        self._inside = lazy.block is not None and lazy.block[0] is None  # in the reasoning block
+        self._find_from = 0  # where to look for the block's closing tag next
+        self._after: int | None = None if lazy.block is not None else 0  # where the trigger is matched from
 
     def apply(self, logits: np.ndarray, history: Sequence[int]) -> None:
         """Mask logits f32[n_vocab] in place once triggered (GrammarConstraint.apply)."""
@@ -224,16 +234,33 @@ class LazyConstraint:
             for token in history[self._start + self._seen:]:
                 self.text += self._detokenizer.push(int(token))
             self._seen = len(history) - self._start
-            m = self.lazy.trigger.match(self.text, partial=True)
-            if m is None:
+            if self._after is None:
+                self._after = self._past_block()
+            m = None if self._after is None else self.lazy.trigger.match(self.text, self._after, partial=True)
+            if self._after is not None and m is None:
                 self.free = True
-            elif not m.partial:
+            elif m is not None and not m.partial:
                 begin = m.start(1) if m.re.groups else m.start()
                 self.inner = GrammarConstraint(self.lazy.grammar, self.tokenizer, self.end_ids)
                 written = self.tokenizer.encode(self.text[begin:], add_bos=False)
                 self.inner.start_after(written, len(history))
         if self.inner is not None:
             self.inner.apply(logits, history)
+
+    def _past_block(self) -> int | None:
+        """Where the output's answer starts (after its reasoning block, if it opens with one),
+        or None while that is not known yet."""
+        opening, closing = self.lazy.block
+        if not self._inside:
+            lead = self.text.lstrip()
+            if not lead.startswith(opening):
+                return None if opening.startswith(lead) else 0  # maybe an opening still, or no block
+            self._inside, self._find_from = True, len(self.text) - len(lead) + len(opening)
+        at = self.text.find(closing, self._find_from)
+        if at < 0:
+            self._find_from = max(self._find_from, len(self.text) - len(closing) + 1)
+            return None
+        return at + len(closing)
 
 
 def response_format_grammar(response_format: Any) -> Grammar | None:

@@ -179,8 +179,14 @@ class Tokenizer:
             out += piece
         return bytes(out)
 
-    def detokenizer(self, skip_special: bool = False) -> "StreamingDetokenizer":
-        return StreamingDetokenizer(self, skip_special=skip_special)
+    def detokenizer(self, skip_special: bool = False, keep: frozenset[int] = frozenset()) -> "StreamingDetokenizer":
+        return StreamingDetokenizer(self, skip_special=skip_special, keep=keep)
+
+    def ids_of(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of the tokens whose text is one of `texts` (a chat format's markers, which
+        a model may write as single, often special, tokens)."""
+        to_id = self.vocab.token_to_id
+        return frozenset(to_id[t] for t in texts if t in to_id)
 
 
 class StreamingDetokenizer:
@@ -188,18 +194,20 @@ class StreamingDetokenizer:
 
     `push(id)` returns the characters completed by that token ("" while a character's
     bytes are still arriving, e.g. an emoji spread over byte-fallback tokens); `flush()`
-    returns what is left (an unfinished character comes out as U+FFFD).
+    returns what is left (an unfinished character comes out as U+FFFD). skip_special: control
+    tokens give no text, except those in `keep` (what llama-server's preserved tokens are: a
+    tool call format's markers, such as Command R's <|START_ACTION|>).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
-        self.skip_special = skip_special
+        self.skip_special, self.keep = skip_special, keep
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token: int) -> str:
         vocab = self.tokenizer.vocab
         token = vocab.check_id(token)
-        if self.skip_special and vocab.is_special(token):
+        if self.skip_special and vocab.is_special(token) and token not in self.keep:
             return ""
         return self._decoder.decode(vocab.piece(token))
 
