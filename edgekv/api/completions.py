@@ -29,15 +29,17 @@ class CompletionsMixin:
     """create_completion / create_chat_completion for `Llama`."""
 
     def _stream(self, prompt: list[int], max_tokens: int | None, stop: list[str], stop_ids: Sequence[int],
-                sampling: dict[str, Any], recorder: LogprobRecorder | None = None, ignore_eos: bool = False) -> Pieces:
+                sampling: dict[str, Any], recorder: LogprobRecorder | None = None, ignore_eos: bool = False,
+                keep: frozenset[int] = frozenset()) -> Pieces:
         """(text, None, logprobs) pieces of the completion, then (text, finish_reason, logprobs)
         once (completion.Pieces). sampling: sampler_for's keywords, seed and stopping_criteria.
         ignore_eos: llama.cpp's --ignore-eos: the end-of-generation tokens (and stop_ids) get a
-        logit bias of -inf, so only max_tokens, a stop string or a full context ends the text."""
+        logit bias of -inf, so only max_tokens, a stop string or a full context ends the text.
+        keep: special tokens whose text the completion shows (a tool call format's markers)."""
         tokens = self._fit_prompt(prompt)
         limit = self._room_for(tokens, max_tokens)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(tokens))
-        text = StopText(self.tokenizer_.detokenizer(skip_special=True), stop)
+        text = StopText(self.tokenizer_.detokenizer(skip_special=True, keep=keep), stop)
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
         finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
         sampling = dict(sampling)
@@ -101,8 +103,9 @@ class CompletionsMixin:
             return max_tokens
         return min(max_tokens, room)
 
-    def _token_text(self) -> Callable[[int], str]:  # a fresh streaming detokenizer's push, as _stream's StopText uses
-        return self.tokenizer_.detokenizer(skip_special=True).push
+    def _token_text(self, keep: frozenset[int] = frozenset()) -> Callable[[int], str]:
+        """A fresh streaming detokenizer's push, as _stream's StopText uses."""
+        return self.tokenizer_.detokenizer(skip_special=True, keep=keep).push
 
     def _fit_prompt(self, prompt: list[int]) -> list[int]:
         if not prompt:
@@ -196,23 +199,25 @@ class CompletionsMixin:
                               f"got {type(chat_template_kwargs).__name__}")
         formatter = self.chat_formatter
         calling = ToolCalling(tools, tool_choice, formatter.template, parallel_tool_calls)
-        shape = _answer_grammar(calling, grammar, response_format)
         prompt = self._render_chat(messages, calling, chat_template_kwargs)
-        splitter = reasoning.ReasoningSplitter(inside=reasoning.opened_by(prompt)) if split else None
+        opened = reasoning.opened_by(prompt, calling.thinking[0])
+        shape = _answer_grammar(calling, grammar, response_format, opened)
+        splitter = reasoning.ReasoningSplitter(opened, calling.thinking) if split else None
         ids = formatter.tokenize_prompt(prompt)
         if self._session.n_discarded:  # the cache lost the conversation's start: append the new turn
             ids = continue_after_shift(self._session.tokens, ids)
         ids = self._fit_prompt(ids)
-        recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text())
+        keep = self.tokenizer_.ids_of(calling.markers) if calling.active or split else frozenset()  # shown
+        recorder = chat_recorder(logprobs, top_logprobs, self.detokenize, ids, self._token_text(keep))
         sampling = dict(passed, temp=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias, grammar=shape)
         stops = stop_list(stop) + [s for s in formatter.stop_strings if s not in stop_list(stop)]
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
-        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos)
+        pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos, keep)
         if calling.active:
-            return _tool_answer(head, pieces, calling, stream, self)
+            return _tool_answer(head, pieces, calling, stream, self, splitter)
         if stream:
             return chat_chunks(head, pieces, splitter)
         text, finish, records = collect(pieces)
@@ -232,21 +237,25 @@ class CompletionsMixin:
                                           **{**calling.template_kwargs(), **(chat_template_kwargs or {})})
 
 
-def _answer_grammar(calling: ToolCalling, grammar: Any, response_format: Any) -> Any:
+def _answer_grammar(calling: ToolCalling, grammar: Any, response_format: Any, opened: bool) -> Any:
     """The grammar a chat answer must follow: the tool call's, the `grammar=` one or the
-    response_format's (at most one of them may be asked for), or None."""
+    response_format's (at most one of them may be asked for), or None. opened: the prompt
+    left the model inside a reasoning block."""
     if calling.active and (grammar is not None or response_format is not None):
         raise EdgeKVError("tools cannot be combined with grammar or response_format")
     if grammar is not None and response_format is not None:
         raise EdgeKVError("give either grammar or response_format, not both")
-    return calling.grammar() or as_grammar(grammar) or response_format_grammar(response_format)
+    return calling.grammar(opened) or as_grammar(grammar) or response_format_grammar(response_format)
 
 
-def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool, llm: Any) -> dict | Iterator[dict]:
+def _tool_answer(head: dict, pieces: Pieces, calling: ToolCalling, stream: bool, llm: Any,
+                 splitter: reasoning.ReasoningSplitter | None) -> dict | Iterator[dict]:
     """An answer that may be a tool call: streamed as the call is read out of the text
-    (tool_reader.py), or generated whole and shaped."""
+    (tool_reader.py), or generated whole and shaped; with a splitter, a leading reasoning
+    block goes to reasoning_content and the calls are read from the rest."""
     if stream:
-        return tool_chat_chunks(head, pieces, calling.reader())
+        return tool_chat_chunks(head, pieces, calling.reader(), splitter)
     text, finish, records = collect(pieces)
+    thought, text = ("", text) if splitter is None else splitter.whole(text)
     content, calls, finish = calling.answer(text, finish)
-    return chat_completion(head, content, finish, llm.last_stats, records, None, calls)
+    return chat_completion(head, content, finish, llm.last_stats, records, None, calls, thought)

@@ -30,19 +30,22 @@ def check_format(name: str) -> bool:
     return name != "none"
 
 
-def opened_by(prompt: str) -> bool:
+def opened_by(prompt: str, opening: str = OPEN) -> bool:
     """Whether the rendered prompt leaves the model inside a think block (its generation
-    prompt ends with an open `<think>`)."""
+    prompt ends with an open `<think>`, or the family's own opening tag)."""
     text = prompt.rstrip()
-    return text.endswith(OPEN)
+    return text.endswith(opening)
 
 
 class ReasoningSplitter:
     """push(text) -> (reasoning, content) released so far; finish() -> what was held back.
     Text that might be the start of a tag is held until it is known not to be."""
 
-    def __init__(self, inside: bool = False):
+    def __init__(self, inside: bool = False, tags: tuple[str, str] = (OPEN, CLOSE)):
+        """inside: the prompt opened the block; tags: the block's opening and closing (a
+        family's own, such as Command R's <|START_THINKING|> ... <|END_THINKING|>)."""
         self.state = "reasoning" if inside else "start"
+        self.open, self.close = tags
         self.held = ""
         self.started = {"reasoning": False, "content": False}  # leading whitespace of each part is dropped
         # (of the answer only after a think block)
@@ -51,19 +54,19 @@ class ReasoningSplitter:
         self.held += text
         if self.state == "start":
             lead = self.held.lstrip()
-            if lead.startswith(OPEN):
-                self.state, self.held = "reasoning", lead[len(OPEN):]
-            elif OPEN.startswith(lead):  # empty, or a prefix of the tag: wait for more
+            if lead.startswith(self.open):
+                self.state, self.held = "reasoning", lead[len(self.open):]
+            elif self.open.startswith(lead):  # empty, or a prefix of the tag: wait for more
                 return "", ""
             else:  # no think block: the text as generated
                 self.state, self.started["content"] = "content", True
         if self.state == "content":
             return "", self._release("content", len(self.held))
-        at = self.held.find(CLOSE)
+        at = self.held.find(self.close)
         if at < 0:  # hold back what may be the start of the closing tag
-            return self._release("reasoning", len(self.held) - _partial_suffix(self.held, CLOSE)), ""
+            return self._release("reasoning", len(self.held) - _partial_suffix(self.held, self.close)), ""
         reasoning = self._release("reasoning", at)
-        self.held, self.state = self.held[len(CLOSE):], "content"
+        self.held, self.state = self.held[len(self.close):], "content"
         return reasoning, self._release("content", len(self.held))
 
     def _release(self, part: str, n: int) -> str:

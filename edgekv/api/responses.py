@@ -143,17 +143,18 @@ def chat_head(model: str, kind: str) -> dict[str, Any]:
 
 def chat_completion(head: dict, text: str, finish: str, stats: GenerationStats,
                     records: list[TokenLogprob] | None = None, splitter: ReasoningSplitter | None = None,
-                    tool_calls: list[dict] | None = None) -> dict:
+                    tool_calls: list[dict] | None = None, thought: str = "") -> dict:
     """A `chat.completion` response (logprobs from records when given); with a splitter, the
-    reasoning goes to message["reasoning_content"] (when there is any) and the answer to content;
-    with tool_calls, content is the text around the calls or None (OpenAI's shape; the
-    finish reason, "tool_calls" for a complete answer, is the caller's)."""
+    reasoning goes to message["reasoning_content"] (when there is any) and the answer to content
+    (thought: reasoning already split off); with tool_calls, content is the text around the
+    calls or None (OpenAI's shape; the finish reason, "tool_calls" for a complete answer, is
+    the caller's)."""
     logprobs = None if records is None else chat_logprobs(records)
-    message = dict(role="assistant", content=text)
     if splitter is not None:
-        reasoning, message["content"] = splitter.whole(text)
-        if reasoning:
-            message["reasoning_content"] = reasoning.rstrip()
+        thought, text = splitter.whole(text)
+    message = dict(role="assistant", content=text)
+    if thought:
+        message["reasoning_content"] = thought.rstrip()
     if tool_calls:
         message.update(content=text or None, tool_calls=tool_calls)
     choice = dict(index=0, message=message, logprobs=logprobs, finish_reason=finish)
@@ -167,13 +168,18 @@ def _deltas(text: str, splitter: ReasoningSplitter | None, last: bool) -> dict[s
     return {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
 
 
-def tool_chat_chunks(head: dict, pieces: Pieces, reader: CallReader) -> Iterator[dict]:
+def tool_chat_chunks(head: dict, pieces: Pieces, reader: CallReader,
+                     splitter: ReasoningSplitter | None = None) -> Iterator[dict]:
     """Streamed `chat.completion.chunk`s of an answer that may be a tool call: the role, then
     the content or the call as the reader hands it out (the call's id and name, then its
-    arguments piece by piece, as OpenAI streams them), then the finish reason."""
+    arguments piece by piece, as OpenAI streams them), then the finish reason; with a
+    splitter, a leading reasoning block first, as reasoning_content."""
     yield dict(head, choices=[dict(index=0, delta=dict(role="assistant"), logprobs=None, finish_reason=None)])
     for text, finish, _ in pieces:
-        deltas = reader.push(text)
+        thought = ""
+        if splitter is not None:
+            thought, text = splitter.whole(text) if finish else splitter.push(text)
+        deltas = ([dict(reasoning_content=thought)] if thought else []) + reader.push(text)
         if finish:
             last, finish = reader.finish(finish)
             deltas += last

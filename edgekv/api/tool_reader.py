@@ -7,25 +7,19 @@ calls as content, and for each call first {"index", "id", "type", "function": {"
 (`tool_calls` deltas, as OpenAI streams them). The same reader, fed a whole answer, gives the
 non-streamed message (`content` and `tool_calls`), so both carry the model's own arguments text.
 
-A call is a JSON object with the name first and the arguments next, `{"name": "f",
-"arguments": {...}}` ("parameters" in Llama 3's calls), written
-  - inside `<tool_call>` ... `</tool_call>` (Hermes 2 Pro, Qwen 2.5 and 3: the templates' own form),
-  - inside a Markdown fence, ```` ```json ```` or ```` ``` ```` (what Qwen 2.5 Coder and other small
-    models write when they answer freely),
-  - as Qwen3-Coder's XML, `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...
-    </function>\n</tool_call>`, whose parameters become JSON arguments (typed by the schema);
-  - in a JSON array of calls (Mistral's, after its [TOOL_CALLS] control token, which the text
-    does not show), each object maybe with an "id" last,
-  - or bare.
-Several calls in one answer are read in order (OpenAI's parallel tool calls) unless the
-request allows only one (parallel_tool_calls false: the text after the first call is content).
-A call to a function the request does not offer is not a call: its text is content. The
-arguments are the model's text, valid JSON or not (as OpenAI's are: a grammar makes them valid
-where one applies). Text that
-may still become a call (`<tool_c`, a fence, `{"name": "get_`) is held until it is known, so a
-streamed answer sends exactly what the whole answer's message holds; whitespace between and
-after calls is not content. What does not live here: the grammar and the prompt (tools.py),
-the response shapes (responses.py).
+A call is written in one of the forms of tool_forms.py (JSON objects in tags, fences, arrays or
+bare; DeepSeek R1's, Command R's, gpt-oss's, Functionary's), or as Qwen3-Coder's XML,
+`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...</function>\n</tool_call>`,
+whose parameters become JSON arguments (typed by the schema). Which forms are looked for is
+the reader's (its template family's). Several calls in one answer are read in order (OpenAI's
+parallel tool calls) unless the request allows only one (parallel_tool_calls false: the text
+after the first call is content). A call to a function the request does not offer is not a
+call: its text is content. The arguments are the model's text, valid JSON or not (as OpenAI's
+are: a grammar makes them valid where one applies). Text that may still become a call
+(`<tool_c`, a fence, `{"name": "get_`) is held until it is known, so a streamed answer sends
+exactly what the whole answer's message holds; whitespace between and after calls is not
+content, nor are a family's markers. What does not live here: the forms (tool_forms.py), the
+grammar and the prompt (tools.py), the response shapes (responses.py).
 """
 
 from __future__ import annotations
@@ -36,20 +30,10 @@ from typing import Any, Callable
 
 import regex
 
-# a call's head: an optional opening (the tag, a fence, a JSON array's bracket), the object's
-# name and its arguments' key; the arguments must be an object. `regex` (not `re`) for partial
-# matches: whether text cut short may still become a head.
-_HEAD = regex.compile(r'(<tool_call>\s*|```(?:json)?[ \t]*\n\s*|\[\s*)?'
-                      r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-# after the arguments: the object's end (an "id" may come last, as Mistral's calls carry one),
-# and the opening's closing; in an array, a comma (another call follows) or the bracket
-_END = r'\s*(?:,\s*"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*)?\}'
-_CLOSE = {"<": regex.compile(_END + r"\s*</tool_call>"), "`": regex.compile(_END + r"\s*```"),
-          "[": regex.compile(_END + r"\s*([,\]])"), "": regex.compile(_END)}
-_OPENINGS = "<`[{"
-# Qwen3-Coder's XML: <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
-_XML_HEAD = regex.compile(r"(<tool_call>\s*)?<function=([^>\n]*)>")
-_XML_CLOSE = {"<": regex.compile(r"\s*</function>\s*</tool_call>"), "": regex.compile(r"\s*</function>")}
+from .tool_forms import Form, forms
+from .tool_xml import HEAD as _XML_HEAD, XmlCall
+
+_PARTIAL = object()  # what _head_at finds where the text may still become a head
 
 
 def openai_id() -> str:
@@ -57,52 +41,30 @@ def openai_id() -> str:
 
 
 class _Call:
-    def __init__(self, index: int, name: str, opening: str, args_start: int, call_id: str):
-        self.index, self.name, self.opening, self.id = index, name, opening, call_id
+    def __init__(self, index: int, name: str, form: Form, args_start: int, call_id: str):
+        self.index, self.name, self.form, self.id = index, name, form, call_id
         self.args_start = self.sent = args_start
         self.value = _ValueEnd()
         self.arguments: str | None = None  # the arguments' JSON text once complete
 
 
-class _XmlCall:
-    """A call in Qwen3-Coder's XML: its arguments are built as JSON, one parameter at a time
-    (a string where the parameter's schema says string, else the value read as JSON if it
-    is, as llama.cpp's parser types them)."""
-
-    def __init__(self, index: int, name: str, opening: str, pos: int, call_id: str, types: dict[str, Any]):
-        self.index, self.name, self.opening, self.id, self.pos = index, name, opening, call_id, pos
-        self.types, self.built, self.arguments = types, "", None
-
-    def add(self, key: str, value: str) -> str:
-        if self.types.get(key) != "string":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        piece = ("{" if not self.built else ", ") + f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}"
-        self.built += piece
-        return piece
-
-    def close(self) -> str:
-        piece = "}" if self.built else "{}"
-        self.built += piece
-        self.arguments = self.built
-        return piece
-
-
 class CallReader:
     def __init__(self, names: set[str], parallel: bool = True, new_id: Callable[[], str] = openai_id,
-                 schemas: dict[str, dict] | None = None):
+                 schemas: dict[str, dict] | None = None, family: str = "", lead: str = ""):
         """names: the functions the answer may call; parallel: whether it may call several;
         new_id: a new call's id (OpenAI's "call_..." unless the template wants others);
-        schemas: each function's parameters schema (how XML parameters are typed)."""
+        schemas: each function's parameters schema (how XML parameters are typed); family:
+        the template's family (which forms to look for, tool_forms.py); lead: the end of the
+        generation prompt, which the forms may need to see (Functionary's `>>>`)."""
         self.names, self.parallel, self.new_id, self.schemas = names, parallel, new_id, schemas or {}
-        self._array = False  # inside a JSON array of calls, after a comma
-        self.text = ""
+        self.forms = forms(family)
+        self._openings = "".join(sorted({c for f in self.forms for c in f.starts} | {"<"}))
+        self._then: Form | None = None  # the head a block's next call has (after an array's comma)
+        self.text, self._lead = lead, len(lead)
         self.content = ""  # the content sent so far
         self._pos = 0  # the text before this is content sent or calls read
-        self._calls: list[_Call | _XmlCall] = []
-        self._open: _Call | _XmlCall | None = None
+        self._calls: list[_Call | XmlCall] = []
+        self._open: _Call | XmlCall | None = None
 
     def push(self, piece: str) -> list[dict]:
         """The stream deltas the answer's next piece of text adds (maybe none yet)."""
@@ -119,7 +81,7 @@ class CallReader:
         deltas: list[dict] = []
         self._read(deltas, final=True)
         if self._open is None:
-            rest = self.text[self._pos:]
+            rest = self.text[max(self._pos, self._lead):]
             if rest.strip() or (rest and not self._calls):
                 self._send(deltas, rest)
             self._pos = len(self.text)
@@ -139,40 +101,80 @@ class CallReader:
 
     def _read_text(self, deltas: list[dict], final: bool) -> bool:
         """Sends the content up to the next call (or up to text that may become one) and opens
-        that call; whether a call was opened."""
+        that call (or drops a marker); whether it did."""
         if self._calls and not self.content:  # whitespace after a call is not content (unless text came first)
             self._pos = len(self.text) - len(self.text[self._pos:].lstrip())
         held, i = len(self.text), self._pos
-        while (self.parallel or not self._calls) and (i := _next_opening(self.text, i)) >= 0:
-            m, xml = _HEAD.match(self.text, i, partial=not final), _XML_HEAD.match(self.text, i, partial=not final)
-            if (m is not None and m.partial) or (xml is not None and xml.partial):
+        while (self.parallel or not self._calls) and (i := self._next_opening(i)) >= 0:
+            found = self._head_at(i, final)
+            if found is _PARTIAL:
                 held = i
                 break
-            name = _name(m.group(2)) if m is not None else xml.group(2).strip() if xml is not None else None
-            if name not in self.names:
-                i += 1
+            if found is None:
+                if self._then is not None:  # the block ended: look at this text again as any text
+                    self._then = None
+                else:
+                    i += 1
                 continue
-            self._send(deltas, self.text[self._pos:i].rstrip())
-            if m is not None:
-                opening = (m.group(1) or ("[" if self._array else ""))[:1]
-                self._open = _Call(len(self._calls), name, opening, m.end(), self.new_id())
-            else:
-                types = {k: v.get("type") for k, v in (self.schemas.get(name, {}).get("properties") or {}).items()
-                         if isinstance(v, dict)}
-                self._open = _XmlCall(len(self._calls), name, (xml.group(1) or "")[:1], xml.end(), self.new_id(), types)
+            form, m = found
+            self._send(deltas, self.text[max(self._pos, self._lead):i].rstrip())
+            self._pos, self._then = m.end(), None
+            if form is not None and form.close is not None:
+                self._open = self._new_call(form, m)
+            elif form is None:
+                self._open = self._new_xml_call(m)
+            else:  # a marker
+                return True
             deltas.append(dict(tool_calls=[dict(index=self._open.index, id=self._open.id, type="function",
-                                                function=dict(name=name, arguments=""))]))
-            self._pos = (m or xml).end()
+                                                function=dict(name=self._open.name, arguments=""))]))
             return True
-        sendable = self.text[self._pos:held].rstrip()  # trailing whitespace waits for what follows it
-        self._send(deltas, sendable)
-        self._pos += len(sendable)
+        sendable = self.text[max(self._pos, self._lead):held].rstrip()  # trailing whitespace waits for what follows
+        if sendable:  # (the lead stays in view until text after it goes out)
+            self._send(deltas, sendable)
+            self._pos = max(self._pos, self._lead) + len(sendable)
         return False
+
+    def _next_opening(self, start: int) -> int:
+        if self._then is not None:
+            return start if start < len(self.text) else -1
+        found = [j for j in (self.text.find(c, start) for c in self._openings) if j >= 0]
+        return min(found) if found else -1
+
+    def _head_at(self, i: int, final: bool) -> Any:
+        """(form, match) of the call or marker that starts at i ((None, match) for an XML
+        call), _PARTIAL when the text there may still become one, or None."""
+        c = self.text[i]
+        candidates = [self._then] if self._then is not None else [f for f in self.forms if c in f.starts]
+        found = None
+        for form in candidates:
+            m = form.head.match(self.text, i, partial=not final)
+            if m is not None and m.partial:
+                return _PARTIAL
+            if m is not None and found is None and (form.close is None or _name(m, form) in self.names):
+                found = (form, m)
+        if found is None and self._then is None and c == "<":
+            m = _XML_HEAD.match(self.text, i, partial=not final)
+            if m is not None and m.partial:
+                return _PARTIAL
+            if m is not None and m.group(2).strip() in self.names:
+                found = (None, m)
+        return found
+
+    def _new_call(self, form: Form, m: regex.Match) -> _Call:
+        model_id = m.groupdict().get("id")
+        call_id = json.loads(model_id) if model_id else self.new_id()
+        return _Call(len(self._calls), _name(m, form), form, m.end(), str(call_id))
+
+    def _new_xml_call(self, m: regex.Match) -> XmlCall:
+        name = m.group(2).strip()
+        types = {k: v.get("type") for k, v in (self.schemas.get(name, {}).get("properties") or {}).items()
+                 if isinstance(v, dict)}
+        return XmlCall(len(self._calls), name, (m.group(1) or "")[:1], m.end(), self.new_id(), types)
 
     def _read_call(self, deltas: list[dict], final: bool) -> bool:
         """Sends the open call's arguments as far as they go; whether the call is complete."""
         call = self._open
-        if isinstance(call, _XmlCall):
+        if isinstance(call, XmlCall):
             return self._read_xml_call(call, deltas, final)
         end = call.value.scan(self.text, call.args_start)
         if end > call.sent:
@@ -180,46 +182,28 @@ class CallReader:
             call.sent = end
         if call.value.end is None:
             return False
-        m = _CLOSE[call.opening].match(self.text, end, partial=not final)
+        m = call.form.close.match(self.text, end, partial=not final)
         if m is not None and m.partial:
             return False
-        if m is None:  # no closing tag or fence: the call ends with its object (or its arguments)
-            m = _CLOSE[""].match(self.text, end)
-        self._array = call.opening == "[" and m is not None and m.re is _CLOSE["["] and m.group(1) == ","
+        if m is not None:
+            self._then = call.form.then if m.groupdict().get("more") else None
+        elif call.form.fallback is not None:  # no closing: the call ends with its object (or its arguments)
+            m = call.form.fallback.match(self.text, end)
         self._pos, self._open = (m.end() if m is not None else end), None
         call.arguments = self.text[call.args_start:end]  # as written, JSON or not (OpenAI's too)
         self._calls.append(call)
         return True
 
-    def _read_xml_call(self, call: _XmlCall, deltas: list[dict], final: bool) -> bool:
-        """Reads the open XML call's complete parameters (each sent as a piece of the JSON
-        arguments) and its closing; whether the call is complete."""
-        def send(piece: str) -> None:
-            deltas.append(dict(tool_calls=[dict(index=call.index, function=dict(arguments=piece))]))
-
-        while True:
-            start = len(self.text) - len(self.text[call.pos:].lstrip())
-            rest = self.text[start:]
-            if rest.startswith("<parameter="):
-                key_end, close = rest.find(">"), rest.find("</parameter>")
-                if key_end < 0 or close < 0:  # not complete yet
-                    break
-                value = rest[key_end + 1:close]
-                value = value[1:] if value.startswith("\n") else value
-                send(call.add(rest[len("<parameter="):key_end].strip(), value[:-1] if value.endswith("\n") else value))
-                call.pos = start + close + len("</parameter>")
-                continue
-            m = _XML_CLOSE[call.opening].match(self.text, call.pos, partial=not final)
-            if m is not None and m.partial or (m is None and not final and ("<parameter=".startswith(rest)
-                                                                             or "</function>".startswith(rest))):
-                break
-            if m is None:  # no closing tag: the function's end alone
-                m = _XML_CLOSE[""].match(self.text, call.pos)
-            send(call.close())  # closed, or not XML any more: the call ends with its last parameter
-            self._pos, self._open = (m.end() if m is not None else call.pos), None
-            self._calls.append(call)
-            return True
-        return False  # waiting for more (or cut short: what was sent stays, the call is not complete)
+    def _read_xml_call(self, call: XmlCall, deltas: list[dict], final: bool) -> bool:
+        """Sends the open XML call's arguments as far as they go (tool_xml.py); whether the
+        call is complete (cut short: what was sent stays, the call is not complete)."""
+        pieces, end = call.read(self.text, final)
+        deltas += [dict(tool_calls=[dict(index=call.index, function=dict(arguments=p))]) for p in pieces]
+        if end is None:
+            return False
+        self._pos, self._open = end, None
+        self._calls.append(call)
+        return True
 
     def _send(self, deltas: list[dict], text: str) -> None:
         if text:
@@ -227,14 +211,12 @@ class CallReader:
             self.content += text
 
 
-def _next_opening(text: str, start: int) -> int:
-    found = [j for j in (text.find(c, start) for c in _OPENINGS) if j >= 0]
-    return min(found) if found else -1
-
-
-def _name(quoted: str) -> str | None:
+def _name(m: regex.Match, form: Form) -> str | None:
+    """The function name a head names (None when its JSON string is not valid)."""
+    if not form.quoted:
+        return m.group("name")
     try:
-        return json.loads(quoted)
+        return json.loads(m.group("name"))
     except json.JSONDecodeError:
         return None
 

@@ -3,28 +3,25 @@
 What lives here: `ToolCalling`, which checks the request's tools and tool_choice, prepares
 the conversation for the model's template, gives the grammar that makes the model's answer
 valid calls (for "auto": once the answer starts one, a lazy grammar), and reads the calls
-back out of the generated text. Five formats, chosen from the chat template:
-  - "hermes": the template renders `tools` itself and expects
-    `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen 2.5/3, Hermes);
-    earlier calls and tool results go to the template as Hugging Face passes them;
-  - "llama3": likewise, for Llama 3.1-3.3's custom tools: a bare
-    `{"name": ..., "parameters": {...}}`, results in the template's ipython turns;
-  - "qwen3_coder": likewise, for Qwen3-Coder's XML calls (`<tool_call>\n<function=NAME>\n
-    <parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>`; values typed by the
-    schema: integers, numbers and booleans by the grammar, the rest text);
-  - "mistral": likewise, for Mistral's `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
-    (call ids of 9 letters and digits, which its templates require);
+back out of the generated text. The format is the template's family (tool_forms.family):
+  - the families whose templates render `tools` themselves and read earlier calls and tool
+    results as Hugging Face passes them: "hermes" (`<tool_call>` JSON: Qwen 2.5/3, Hermes),
+    "llama3" (a bare `{"name": ..., "parameters": {...}}`, results in ipython turns),
+    "qwen3_coder" (XML calls typed by the schema), "mistral" (`[TOOL_CALLS][...]`, call ids of 9
+    letters and digits, which its templates require), "command_r" (`<|START_ACTION|>`),
+    "gpt_oss" (the commentary channel), "functionary" (`>>>NAME`);
+  - "deepseek_r1", whose templates render calls but not the tools: a system message lists
+    the functions and shows the call syntax;
   - "json" (any other template): a system message lists the functions and asks for a bare
     `{"name": ..., "arguments": {...}}`; earlier calls become assistant text and tool results
     user messages ("Function NAME returned: ...").
-A call the grammar shapes has arguments that match the function's `parameters` schema (with
-additionalProperties false unless it says otherwise). Under "hermes" and "mistral" an answer
-may hold several calls (OpenAI's parallel tool calls; parallel_tool_calls=false allows one);
-under "auto" the answer is free text until it starts a call to an offered function, in any of
-the forms the reader knows (tags, a fence, bare, an array), and the reader finds the calls
-models write after text too (tool_reader.py). What does not live here:
-reading the calls out of the text as it comes (tool_reader.py), generation and the response
-shapes (completions.py, responses.py).
+The grammars (tool_grammar.py) make calls whose arguments match the function's `parameters`
+schema; an answer may hold several calls (OpenAI's parallel tool calls; parallel_tool_calls=
+false allows one); under "auto" the answer is free text until it starts a call, and the reader
+finds the calls models write after text too (tool_reader.py). What does not live here: the
+written forms (tool_forms.py), the grammars (tool_grammar.py), reading the calls out of the
+text as it comes (tool_reader.py), generation and the response shapes (completions.py,
+responses.py).
 """
 
 from __future__ import annotations
@@ -34,10 +31,11 @@ import secrets
 import string
 from typing import Any
 
-import regex
-
 from ..errors import EdgeKVError
 from ..grammar import Grammar, LazyGrammar
+from .reasoning import CLOSE, OPEN
+from .tool_forms import LEADS, MARKERS, THINKING, family
+from .tool_grammar import arguments_key, lazy_grammar, required_grammar
 from .tool_reader import CallReader, openai_id
 
 
@@ -45,7 +43,7 @@ class ToolCalling:
     def __init__(self, tools: Any, tool_choice: Any, template: str, parallel: Any = True):
         self.functions = _functions(tools)
         self.choice = _choice(tool_choice, self.functions)
-        self.format = _format(template)
+        self.format = family(template)
         if not isinstance(parallel, bool):
             raise EdgeKVError(f"parallel_tool_calls must be true or false, got {parallel!r}")
         self.parallel = parallel
@@ -57,10 +55,24 @@ class ToolCalling:
 
     # -- the prompt ------------------------------------------------------------------------
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts the family's models write as single (often control) tokens that the answer
+        must show for its calls and reasoning to be read."""
+        return MARKERS.get(self.format, ()) + THINKING.get(self.format, ())
+
+    @property
+    def thinking(self) -> tuple[str, str]:
+        """The family's reasoning block's opening and closing tags."""
+        return THINKING.get(self.format, (OPEN, CLOSE))
+
     def messages(self, messages: list[dict]) -> list[dict]:
         """The conversation as the template should see it."""
+        if self.format == "deepseek_r1":
+            hf = [_hf_message(m) for m in messages]
+            return self._with_instructions(hf) if self.functions else hf
         if self.format != "json":
-            return [_hf_message(m) for m in messages]
+            return [_hf_message(m, text_arguments=self.format == "functionary") for m in messages]
         out, names = [], {}
         for m in messages:
             if m.get("role") == "assistant" and m.get("tool_calls"):
@@ -83,80 +95,46 @@ class ToolCalling:
         must = {"none": "Do not call a function now; answer in plain text.",
                 "auto": "Otherwise answer in plain text.",
                 "required": "You must call one of them now."}.get(self.choice, f"You must call {self.choice} now.")
-        text = (f"You can call these functions: {listing}\nTo call one, answer with only a JSON object "
-                f'{{"name": <function name>, "arguments": <its arguments>}}. {must}')
+        if self.format == "deepseek_r1":
+            form = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜><function name>\n```json\n"
+                    "<its arguments as a JSON object>\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+            text = f"You can call these functions: {listing}\nTo call one, answer with {form}. {must}"
+        else:
+            text = (f"You can call these functions: {listing}\nTo call one, answer with only a JSON object "
+                    f'{{"name": <function name>, "arguments": <its arguments>}}. {must}')
         if messages and messages[0].get("role") == "system":
             return [dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{text}")] + messages[1:]
         return [{"role": "system", "content": text}] + messages
 
     def template_kwargs(self) -> dict[str, Any]:
-        if self.format != "json" and self.functions:
+        if self.format not in ("json", "deepseek_r1") and self.functions:
             return {"tools": [{"type": "function", "function": f} for f in self.functions]}
         return {}
 
     # -- the answer ------------------------------------------------------------------------
 
-    def grammar(self) -> Grammar | LazyGrammar | None:
+    def grammar(self, opened: bool = False) -> Grammar | LazyGrammar | None:
         """What the answer may be: calls (required, a named function), free text in which a
-        call, once the answer starts with one, must be valid (auto: a lazy grammar), or
-        anything (none)."""
+        call, once the answer starts with one, must be valid (auto: a lazy grammar; opened:
+        the prompt left the model inside a reasoning block), or anything (none)."""
         if not self.active:
             return None
         if self.choice == "auto":
-            return self._lazy_grammar()
+            return lazy_grammar(self.functions, self.format, self.parallel, opened)
         wanted = self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
-        if self.format == "qwen3_coder":
-            calls = 'xcall ("\\n" xcall)*' if self.parallel else "xcall"
-            return Grammar.from_lark(f"start: {calls}\n{_xml_rules(wanted, strict=True)}")
-        call = self._call_schema(wanted, flexible=False)
-        if self.format == "hermes":  # several calls, one per line, unless parallel_tool_calls is false
-            rules = f'call: "<tool_call>\\n" %json {call} "\\n</tool_call>"'
-            calls = 'call ("\\n" call)*' if self.parallel else "call"
-        elif self.format == "mistral":  # a JSON array of calls (the template's [TOOL_CALLS] form)
-            rules = f"call: %json {call}"
-            calls = '"[" call (", " call)* "]"' if self.parallel else '"[" call "]"'
-        else:
-            rules, calls = f"call: %json {call}", "call"
-        return Grammar.from_lark(f"start: {calls}\n{rules}")
-
-    def _lazy_grammar(self) -> LazyGrammar:
-        """auto, as llama.cpp's lazy grammars do it: the answer is free unless it starts (after
-        whitespace, or a <think> block) with a call to one of the functions, in the template's
-        tags, a Markdown fence or bare (the trigger ends at the function's name); from there on
-        the answer is calls, one or several, whose arguments follow the parameters."""
-        names = "|".join(regex.escape(json.dumps(f["name"])) for f in self.functions)
-        ws = r"[ \t\r\n]*"  # JSON's whitespace, the grammar's WS (not \s: no other space may start a call)
-        xml = "|".join(regex.escape(f["name"]) for f in self.functions)
-        trigger = (rf'(?:<think>[\s\S]*?</think>)?\s*((?:<tool_call>{ws}|```(?:json)?[ \t]*\n{ws}|\[{ws})?'
-                   rf'\{{{ws}"name"{ws}:{ws}(?:{names})|<tool_call>\n<function=(?:{xml})>)')
-        calls, array = ("(WS? call)+ WS?", '(WS? "," WS? body)*') if self.parallel else ("call WS?", "")
-        return LazyGrammar(Grammar.from_lark(
-            f"start: {calls}\n"
-            'call: "<tool_call>" WS? body WS? "</tool_call>" | FENCE WS? body WS? "```" | body\n'
-            f'    | "[" WS? body {array} WS? "]" | xcall\n'
-            f"{_xml_rules(self.functions, strict=False)}\n"
-            f"body: %json {self._call_schema(self.functions, flexible=True)}\n"
-            "FENCE: /```(json)?[ \\t]*\\n/\n"
-            "WS: /[ \\t\\r\\n]+/"), trigger)
-
-    def _call_schema(self, wanted: list[dict], flexible: bool) -> str:
-        """The JSON schema of a call to one of `wanted`: {"name": ..., key: arguments}."""
-        key = self.arguments_key
-        return json.dumps({"x-guidance": {"whitespace_flexible": flexible}, "anyOf": [{
-            "type": "object", "properties": {"name": {"const": f["name"]},
-                                             key: _closed(f.get("parameters") or {"type": "object"})},
-            "required": ["name", key], "additionalProperties": False} for f in wanted]})
+        return required_grammar(wanted, self.format, self.parallel)
 
     @property
     def arguments_key(self) -> str:
         """The key of a call's arguments in the model's text."""
-        return "parameters" if self.format == "llama3" else "arguments"
+        return arguments_key(self.format)
 
     def reader(self) -> CallReader:
         """A reader for this answer's text: its content and calls, as they come (tool_reader.py)."""
         return CallReader({f["name"] for f in self.functions}, parallel=self.parallel,
                           new_id=_mistral_id if self.format == "mistral" else openai_id,
-                          schemas={f["name"]: f.get("parameters") or {} for f in self.functions})
+                          schemas={f["name"]: f.get("parameters") or {} for f in self.functions},
+                          family=self.format, lead=LEADS.get(self.format, ""))
 
     def answer(self, text: str, reason: str) -> tuple[str, list[dict] | None, str]:
         """A whole generated answer as (content, OpenAI's message["tool_calls"] or None,
@@ -165,47 +143,6 @@ class ToolCalling:
         reader.push(text)
         _, reason = reader.finish(reason)
         return reader.content, reader.calls(), reason
-
-
-def _format(template: str) -> str:
-    if "<function=" in template and "<parameter=" in template:  # Qwen3-Coder's XML calls
-        return "qwen3_coder"
-    if "<tool_call>" in template and "tools" in template:
-        return "hermes"
-    if "[TOOL_CALLS]" in template and "[AVAILABLE_TOOLS]" in template:  # Mistral 7B v0.3, Nemo, Small
-        return "mistral"
-    if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2, 3.3
-        return "llama3"
-    return "json"
-
-
-# a Qwen3-Coder parameter's value and closing tag by its schema type; text (strings, and what the
-# grammar does not type) is anything up to the first closing tag, in one lexeme with it (llguidance's
-# lexemes are greedy: text alone would swallow the tag's start)
-_XML_VALUES = {"integer": 'XINT "\\n</parameter>\\n"', "number": 'XNUM "\\n</parameter>\\n"',
-               "boolean": '("true" | "false") "\\n</parameter>\\n"'}
-_XML_TERMINALS = ("XTEXT: /(.|\\n)*\\n<\\/parameter>\\n/ & ~/(.|\\n)*<\\/parameter>(.|\\n)*<\\/parameter>(.|\\n)*/\n"
-                  "XINT: /-?(0|[1-9][0-9]*)/\n"
-                  "XNUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/")
-
-
-def _xml_rules(functions: list[dict], strict: bool) -> str:
-    """Lark rules `xcall` for Qwen3-Coder's XML calls to `functions`: each parameter's key is
-    one of the function's, its value typed as above (which keys are required is not enforced);
-    strict: one newline between the tags, as the template writes them (else any whitespace)."""
-    calls, rules = [], []
-    for i, f in enumerate(functions):
-        props = (f.get("parameters") or {}).get("properties") or {}
-        params = [f'{json.dumps(f"<parameter={key}>")} "\\n" {_XML_VALUES.get(spec.get("type"), "XTEXT")}'
-                  for key, spec in props.items() if isinstance(spec, dict)]
-        head = json.dumps(f"<function={f['name']}>")
-        calls.append(f'{head} "\\n" {f"xp{i}*" if params else ""} "</function>"')
-        if params:
-            rules.append(f"xp{i}: " + " | ".join(params))
-    # the tags as lexemes of their own, as the JSON forms' grammar has them (<tool_call> starts both)
-    ws = '"\\n"' if strict else "XWS"
-    return "\n".join([f'xcall: "<tool_call>" {ws} ({" | ".join(calls)}) {ws} "</tool_call>"', *rules,
-                      _XML_TERMINALS, "XWS: /[ \\t\\r\\n]+/"])
 
 
 def _mistral_id() -> str:
@@ -245,15 +182,6 @@ def _choice(tool_choice: Any, functions: list[dict]) -> str:
     return name
 
 
-def _closed(schema: dict) -> dict:
-    """The parameters schema with additionalProperties false unless it says otherwise: a
-    call holds only the declared arguments (OpenAI's strict mode requires the same), and a
-    small model cannot wander off into invented ones until max_tokens."""
-    if schema.get("type") == "object" and "additionalProperties" not in schema:
-        return dict(schema, additionalProperties=False)
-    return schema
-
-
 def _call_dict(call: Any) -> dict:
     """An OpenAI tool call ({"function": {"name", "arguments": JSON text}}) as {"name", "arguments": dict}."""
     f = call.get("function", call) if isinstance(call, dict) else {}
@@ -266,10 +194,14 @@ def _call_dict(call: Any) -> dict:
     return {"name": f.get("name"), "arguments": args}
 
 
-def _hf_message(m: dict) -> dict:
-    """An OpenAI message as Hugging Face templates read it (tool call arguments as objects)."""
+def _hf_message(m: dict, text_arguments: bool = False) -> dict:
+    """An OpenAI message as Hugging Face templates read it (tool call arguments as objects, or
+    as JSON text for templates that write them as strings: Functionary's)."""
     if m.get("role") == "assistant" and m.get("tool_calls"):
         calls = [_hf_call(c) for c in m["tool_calls"]]
+        if text_arguments:
+            calls = [dict(c, function=dict(c["function"], arguments=json.dumps(c["function"]["arguments"])))
+                     for c in calls]
         return dict(m, content=m.get("content") or "", tool_calls=calls)
     return m
 
