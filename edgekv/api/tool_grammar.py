@@ -68,8 +68,9 @@ def required_grammar(functions: list[dict], family: str, parallel: bool) -> Gram
     elif family == "mistral":  # a JSON array of calls (the template's [TOOL_CALLS] form)
         rules = f"call: %json {call}"
         calls = '"[" call (", " call)* "]"' if parallel else '"[" call "]"'
-    else:
-        rules, calls = f"call: %json {call}", "call"
+    else:  # bare objects (Llama 3.x: several separated by "; ", as the reader reads them)
+        rules = f"call: %json {call}"
+        calls = 'call ("; " call)*' if parallel and family == "llama3" else "call"
     return Grammar.from_lark(f"start: {calls}\n{rules}")
 
 

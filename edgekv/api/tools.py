@@ -71,6 +71,8 @@ class ToolCalling:
         if self.format == "deepseek_r1":
             hf = [_hf_message(m) for m in messages]
             return self._with_instructions(hf) if self.functions else hf
+        if self.format == "llama3":  # its templates take one call per assistant turn
+            messages = _one_call_per_turn(messages)
         if self.format != "json":
             return [_hf_message(m, text_arguments=self.format == "functionary") for m in messages]
         out, names = [], {}
@@ -192,6 +194,34 @@ def _call_dict(call: Any) -> dict:
         except json.JSONDecodeError:
             pass
     return {"name": f.get("name"), "arguments": args}
+
+
+def _one_call_per_turn(messages: list[dict]) -> list[dict]:
+    """An assistant turn with several calls as one turn per call, each followed by its result
+    (matched by tool_call_id; in order where there are no ids): Llama 3.x's templates refuse
+    a turn with several calls, and read call, result, call, result the same way."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls or len(calls) < 2:
+            out.append(m)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(messages) and messages[j].get("role") == "tool":
+            j += 1
+        results = messages[i + 1:j]
+        by_id = {r.get("tool_call_id"): r for r in results if r.get("tool_call_id") is not None}
+        for n, call in enumerate(calls):
+            result = by_id.get(call.get("id")) if isinstance(call, dict) else None
+            if result is None and n < len(results) and not by_id:
+                result = results[n]
+            out.append(dict(m, content=m.get("content") if n == 0 else "", tool_calls=[call]))
+            out.extend([result] if result is not None else [])
+        out.extend(r for r in results if r not in out)
+        i = j
+    return out
 
 
 def _hf_message(m: dict, text_arguments: bool = False) -> dict:
