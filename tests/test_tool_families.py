@@ -180,3 +180,21 @@ def test_a_familys_markers_are_shown_even_when_they_are_control_tokens(tiny_mode
     skipping = tokenizer.detokenizer(skip_special=True)
     keeping = tokenizer.detokenizer(skip_special=True, keep=tokenizer.ids_of([special, "<|no such token|>"]))
     assert skipping.push(token) == "" and keeping.push(token) == special
+
+
+@pytest.mark.parametrize("template, arch", [
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2"), ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "llama"), ("Qwen3-Coder.jinja", "qwen2"),
+    *(FAMILIES[f] for f in sorted(FAMILIES))])
+def test_auto_text_is_what_the_model_writes_without_a_grammar(tiny_model, template, arch):
+    """Free text under "auto" is not shaped in any family: the answer is the same tokens as
+    the same prompt completed with no grammar (a tiny random model, two seeds)."""
+    path = tiny_model(arch, metadata={"tokenizer.chat_template": (TEMPLATES / template).read_text()})
+    llm = Llama(str(path), n_ctx=8192)
+    prompt = llm.chat_prompt_tokens(ASK, tools=[ADD, WEATHER])
+    for seed in (1, 2):
+        answer = llm.create_chat_completion(ASK, tools=[ADD, WEATHER], max_tokens=24, temperature=0.8, seed=seed)
+        free = llm.create_completion(prompt, max_tokens=24, temperature=0.8, seed=seed)["choices"][0]["text"]
+        message = answer["choices"][0]["message"]
+        assert "tool_calls" not in message and message["content"]
+        assert message["content"].strip() in free
