@@ -198,3 +198,20 @@ def test_auto_text_is_what_the_model_writes_without_a_grammar(tiny_model, templa
         message = answer["choices"][0]["message"]
         assert "tool_calls" not in message and message["content"]
         assert message["content"].strip() in free
+
+
+@pytest.mark.parametrize("family, text", [
+    ("gpt_oss", "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>It is 5."),
+    ("command_r", "<|START_THINKING|>Think.<|END_THINKING|><|START_RESPONSE|>It is 5.<|END_RESPONSE|>"),
+])
+def test_without_tools_a_familys_markers_are_not_content(family, text):
+    """A family whose answers carry markers (gpt-oss's channels, Command R's response tags)
+    answers a request without tools with its reasoning split off and the markers dropped."""
+    calling = ToolCalling(None, None, _template(family))
+    assert not calling.active and calling.markers
+    pieces = [(text[i:i + 4], "stop" if i + 4 >= len(text) else None, None) for i in range(0, len(text), 4)]
+    chunks = list(tool_chat_chunks({}, iter(pieces), calling.reader(), reasoning.ReasoningSplitter(False, calling.thinking)))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Think."
+    assert "".join(d.get("content", "") for d in deltas) == "It is 5."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"

@@ -216,7 +216,7 @@ class CompletionsMixin:
         kind = "chat.completion.chunk" if stream else "chat.completion"
         head = chat_head(model or self.model_path, kind)
         pieces = self._stream(ids, max_tokens, stops, formatter.stop_token_ids, sampling, recorder, ignore_eos, keep)
-        if calling.active:
+        if calling.active or (split and calling.markers):  # (a family's markers are not content either)
             return _tool_answer(head, pieces, calling, stream, self, splitter)
         if stream:
             return chat_chunks(head, pieces, splitter)
