@@ -25,6 +25,7 @@ REFERENCE = json.loads((Path(__file__).parent / "reference" / "tool_calls.json")
 WEATHER = ("get_weather", {"city": "Lyon"})
 TWO = [WEATHER, ("get_time", {"timezone": "CET"})]
 GREETING = "Hello! How can I help you today?"
+AFTER = "I will wait for the result."
 UNKNOWN = "a call to a function the request does not offer stays text (llama.cpp fails the answer)"
 # (template, output index) -> (content, [(name, arguments)]) where edgekv differs, and why
 DIFFERENT = {
@@ -33,7 +34,8 @@ DIFFERENT = {
         "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
         "mistralai-Mistral-Nemo-Instruct-2407.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
         "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "meetkai-functionary-medium-v3.2.jinja",
-        "openai-gpt-oss-120b.jinja", "Qwen3-Coder.jinja")},  # (llama.cpp drops Qwen3-Coder's)
+        "openai-gpt-oss-120b.jinja", "Qwen3-Coder.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja")},
+    # (llama.cpp drops Qwen3-Coder's and Ministral's, where it does not fail)
     # Qwen 2.5 Coder answers with fenced or bare JSON calls (issue 50): llama.cpp leaves them as text
     **{(t, i): ("", [WEATHER]) for t in ("Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
                                          "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja") for i in (8, 9)},
@@ -56,6 +58,15 @@ DIFFERENT = {
     ("meetkai-functionary-medium-v3.2.jinja", 3): ("Let me check.", [WEATHER]),
     # gpt-oss: a second call after <|start|>assistant (llama.cpp keeps the first only)
     ("openai-gpt-oss-120b.jinja", 2): ("", TWO),
+    # text after a call is content, as OpenAI's messages carry both (llama.cpp: an error, or dropped)
+    **{(t, i): (AFTER, [WEATHER]) for t, i in (
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", 10), ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", 10),
+        ("Qwen-Qwen3-0.6B.jinja", 10), ("meta-llama-Llama-3.1-8B-Instruct.jinja", 9),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", 9), ("mistralai-Mistral-Nemo-Instruct-2407.jinja", 8),
+        ("Qwen3-Coder.jinja", 8), ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", 9))},
+    # Mistral Small 3.2's calls carry [CALL_ID] before [ARGS], as its template writes them (llama.cpp: an error)
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", 0): ("", [WEATHER]),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", 1): ("", TWO),
 }
 
 

@@ -34,6 +34,7 @@ FAMILIES = {  # family -> (template, the architecture of the tiny model that car
     "command_r": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "llama"),
     "gpt_oss": ("openai-gpt-oss-120b.jinja", "llama"),
     "functionary": ("meetkai-functionary-medium-v3.2.jinja", "llama"),
+    "ministral": ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "llama"),
 }
 ARGS = '{"a": 2, "b": 3}'
 
@@ -81,6 +82,7 @@ CALLS = {  # family -> an answer holding two calls to add, as the family writes 
                 f"<|constrain|>json<|message|>{ARGS}<|call|><|start|>assistant<|channel|>commentary to=functions.add "
                 f"<|constrain|>json<|message|>{ARGS}<|call|>"),
     "functionary": f"add\n{ARGS}>>>add\n{ARGS}",
+    "ministral": f"[THINK]Adding.[/THINK][TOOL_CALLS]add[ARGS]{ARGS}[TOOL_CALLS]add[ARGS]{ARGS}",
 }
 
 
@@ -96,6 +98,8 @@ def test_the_familys_answer_reads_as_reasoning_and_calls_streamed_or_whole(famil
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("add", {"a": 2, "b": 3})] * 2
     if family == "command_r":
         assert [c["id"] for c in calls] == ["0", "1"]
+    if family == "ministral":  # Mistral's ids: 9 letters and digits (its templates refuse others)
+        assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in calls)
     pieces = [(text[i:i + 3], "stop" if i + 3 >= len(text) else None, None) for i in range(0, len(text), 3)]
     chunks = list(tool_chat_chunks({}, iter(pieces), calling.reader(), reasoning.ReasoningSplitter(opened, calling.thinking)))
     deltas = [c["choices"][0]["delta"] for c in chunks]
@@ -118,6 +122,8 @@ def test_the_familys_answer_reads_as_reasoning_and_calls_streamed_or_whole(famil
     ("gpt_oss", '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "c": 3}', True, False),
     ("functionary", "all\nIt is 5.", False, True),
     ("functionary", 'add\n{"a": 2.5', True, False),
+    ("ministral", "[THINK]Adding.[/THINK]It is 5.", False, True),
+    ("ministral", '[TOOL_CALLS]add[ARGS]{"b": 3}', True, False),  # a is required
 ])
 def test_auto_is_free_until_the_familys_call_starts(tiny_model, family, text, triggered, valid):
     """llama.cpp's lazy grammar in each family's syntax: free text until the answer (after its
@@ -215,3 +221,11 @@ def test_without_tools_a_familys_markers_are_not_content(family, text):
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Think."
     assert "".join(d.get("content", "") for d in deltas) == "It is 5."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_mistral_small_call_ids_are_the_models():
+    """Mistral Small 3.2 writes [CALL_ID]ID before [ARGS]: the call keeps that id."""
+    calling = ToolCalling([ADD], "auto", (TEMPLATES / "Mistral-Small-3.2-24B-Instruct-2506.jinja").read_text())
+    content, calls, finish = calling.answer(f"[TOOL_CALLS]add[CALL_ID]abc123XYZ[ARGS]{ARGS}", "stop")
+    assert (calling.format, content, finish) == ("ministral", "", "tool_calls")
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("abc123XYZ", "add", ARGS)]

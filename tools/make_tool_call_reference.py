@@ -80,6 +80,13 @@ def _family_outputs(call, two: str, unknown: str, before: str) -> list[dict]:
             dict(text=unknown), *_cuts(one)]
 
 
+def _ministral(name: str, args: str, call_id: str = "") -> str:
+    return f"[TOOL_CALLS]{name}" + (f"[CALL_ID]{call_id}" if call_id else "") + f"[ARGS]{args}"
+
+
+AFTER = "\nI will wait for the result."  # text after a call
+
+
 def cases() -> list[dict]:
     hermes = _family_outputs(_hermes, _hermes("get_weather", LYON) + "\n" + _hermes("get_time", CET),
                              _hermes("say_hi", "{}"), "Let me check.\n" + _hermes("get_weather", LYON)) + [
@@ -115,6 +122,16 @@ def cases() -> list[dict]:
                               _gpt_oss("say_hi", "{}"),
                               "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant" + _gpt_oss("get_weather", LYON)) + [
         dict(text="<|channel|>final<|message|>Hello! How can I help you today?")]
+    ministral = _family_outputs(_ministral, _ministral("get_weather", LYON) + _ministral("get_time", CET),
+                                _ministral("say_hi", "{}"), "Let me check." + _ministral("get_weather", LYON)) + [
+        dict(text="[THINK]Need weather.[/THINK]" + _ministral("get_weather", LYON))]
+    small = [dict(text=_ministral("get_weather", LYON, "abc123XYZ")),
+             dict(text=_ministral("get_weather", LYON, "abc123XYZ") + _ministral("get_time", CET, "def456UVW"))]
+    for outputs, call in ((hermes, _hermes("get_weather", LYON)), (qwen3, _hermes("get_weather", LYON)),
+                          (llama, _json_call("get_weather", LYON, "parameters")),
+                          (mistral, f"[TOOL_CALLS][{_json_call('get_weather', LYON)}]"),
+                          (coder, _xml("get_weather", {"city": "Lyon"})), (ministral, _ministral("get_weather", LYON))):
+        outputs.append(dict(text=call + AFTER))
     return [
         dict(family="hermes", template="Qwen-Qwen2.5-7B-Instruct.jinja", bos="", eos="<|im_end|>", outputs=hermes),
         dict(family="hermes", template="NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", bos="<|begin_of_text|>",
@@ -125,6 +142,10 @@ def cases() -> list[dict]:
         dict(family="llama3", template="meta-llama-Llama-3.2-3B-Instruct.jinja", bos="<|begin_of_text|>",
              eos="<|eot_id|>", outputs=llama),
         dict(family="mistral", template="mistralai-Mistral-Nemo-Instruct-2407.jinja", bos="<s>", eos="</s>", outputs=mistral),
+        dict(family="ministral", template="mistralai-Ministral-3-14B-Reasoning-2512.jinja", bos="<s>", eos="</s>",
+             outputs=ministral),
+        dict(family="ministral", template="Mistral-Small-3.2-24B-Instruct-2506.jinja", bos="<s>", eos="</s>",
+             outputs=small),
         dict(family="qwen3_coder", template="Qwen3-Coder.jinja", bos="", eos="<|im_end|>", outputs=coder),
         dict(family="deepseek_r1", template="deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", bos="<｜begin▁of▁sentence｜>",
              eos="<｜end▁of▁sentence｜>", outputs=deepseek),

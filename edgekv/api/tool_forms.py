@@ -19,7 +19,9 @@ models/templates) spell them:
     {...}}, ...]<|END_ACTION|>` (the model's ids kept, as llama.cpp keeps them);
   - gpt-oss's `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`;
   - Functionary v3.2's `>>>NAME\\n{...}` (its generation prompt ends with `>>>`; `>>>all\\n`
-    starts text).
+    starts text);
+  - the newer Mistral models' `[TOOL_CALLS]NAME[ARGS]{...}` (Ministral 3, Devstral; Mistral
+    Small 3.2 writes `[CALL_ID]ID` before `[ARGS]`).
 Qwen3-Coder's XML calls have parameters, not a JSON object: the reader reads them itself.
 Which forms a reader looks for is its format's `forms(format)`: the distinctive ones always
 (models do not always write their template's form), a family's markers and ambiguous forms
@@ -70,9 +72,11 @@ COMMAND_R = _form(r"<\|START_ACTION\|>\s*\[\s*" + _CR_OBJ, _CR_CLOSE, r"\s*\}", 
 GPT_OSS = _form(r"(?:<\|start\|>assistant)?(?:<\|channel\|>(?:commentary|analysis))?\s*to=functions\.(?P<name>[^\s<]+)"
                 r"\s*(?:<\|channel\|>\w+\s*)?(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>\s*(?=\{)",
                 r"\s*(?:<\|call\|>)?", starts="< t", quoted=False)
+MINISTRAL = _form(r"\[TOOL_CALLS\]\s*(?P<name>[^\s\[\]{}]+?)(?:\[CALL_ID\](?P<id>[A-Za-z0-9]+))?\[ARGS\]\s*(?=\{)",
+                  r"", starts="[", quoted=False)
 FUNCTIONARY = _form(r">>>(?P<name>[^\s>]+)\n(?=\{)", r"", starts=">", quoted=False)
 
-_DISTINCT = (TAGGED, FENCED, ARRAY, PYTHON_TAG, DEEPSEEK, COMMAND_R, BARE)
+_DISTINCT = (TAGGED, FENCED, ARRAY, MINISTRAL, PYTHON_TAG, DEEPSEEK, COMMAND_R, BARE)
 _OWN = {  # a family's markers and its ambiguous forms
     "llama3": (_form(r";\s*(?=\{)", starts=";"),),  # between two calls
     "deepseek_r1": (_form(r"<｜tool▁calls▁end｜>", starts="<"),),  # after a call that did not close its block
@@ -84,12 +88,13 @@ _OWN = {  # a family's markers and its ambiguous forms
 # text a family's reader sees before the answer (the end of its generation prompt)
 LEADS = {"functionary": ">>>"}
 # a family's reasoning block, where it has its own (else <think> ... </think>)
-THINKING = {"command_r": ("<|START_THINKING|>", "<|END_THINKING|>"),
+THINKING = {"command_r": ("<|START_THINKING|>", "<|END_THINKING|>"), "ministral": ("[THINK]", "[/THINK]"),
             "gpt_oss": ("<|channel|>analysis<|message|>", "<|end|>")}
 # the texts a family's models write as single (often control) tokens that its answers must show
 MARKERS = {
     "llama3": ("<|python_tag|>",),
     "mistral": ("[TOOL_CALLS]",),
+    "ministral": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
     "deepseek_r1": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
                     "<｜tool▁calls▁end｜>"),
     "command_r": ("<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
@@ -100,8 +105,8 @@ MARKERS = {
 
 def family(template: str) -> str:
     """The tool call family of a chat template, by the markup it writes calls with (as
-    llama.cpp tells its templates apart): hermes, llama3, mistral, qwen3_coder, deepseek_r1,
-    command_r, gpt_oss, functionary, or json (any other)."""
+    llama.cpp tells its templates apart): hermes, llama3, mistral, ministral, qwen3_coder,
+    deepseek_r1, command_r, gpt_oss, functionary, or json (any other)."""
     if "<function=" in template and "<parameter=" in template:  # Qwen3-Coder's XML calls
         return "qwen3_coder"
     if "<｜tool▁calls▁begin｜>" in template:  # DeepSeek R1 and its distills
@@ -114,7 +119,9 @@ def family(template: str) -> str:
         return "functionary"
     if "<tool_call>" in template and "tools" in template:
         return "hermes"
-    if "[TOOL_CALLS]" in template and "[AVAILABLE_TOOLS]" in template:  # Mistral 7B v0.3, Nemo, Small
+    if "[TOOL_CALLS]" in template and "[ARGS]" in template:  # Ministral 3, Mistral Small 3.2, Devstral
+        return "ministral"
+    if "[TOOL_CALLS]" in template and "[AVAILABLE_TOOLS]" in template:  # Mistral 7B v0.3, Nemo, Small 3.1
         return "mistral"
     if '"parameters": dictionary of argument name' in template:  # Llama 3.1, 3.2, 3.3
         return "llama3"

@@ -8,7 +8,7 @@ Two kinds of family:
   - the JSON-object families (hermes, mistral, llama3, json): a call is one object with the
     name and the arguments; under auto the answer may start one in any of the forms the
     reader knows (tags, a fence, an array, bare);
-  - the arguments-only families (deepseek_r1, command_r, gpt_oss, functionary): a head names
+  - the arguments-only families (deepseek_r1, command_r, gpt_oss, functionary, ministral): a head names
     the function, then its arguments object, then a tail (`_SYNTAX`); their markers are
     written as text (a model whose vocabulary has them as control tokens spells them out).
 Qwen3-Coder's XML calls have rules of their own (`_xml_rules`).
@@ -50,6 +50,7 @@ _SYNTAX = {
                        '"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"', '"<|call|>"',
                        r"(?:<\|start\|>assistant)?(<\|channel\|>commentary to=functions\.)"),
     "functionary": _Syntax("", '">>>"', "", '"{name}\\n"', "", None),
+    "ministral": _Syntax("", "", "", '"[TOOL_CALLS]{name}[ARGS]"', "", r"\s*(\[TOOL_CALLS\])"),
 }
 
 

@@ -161,8 +161,8 @@ class CallReader:
         return found
 
     def _new_call(self, form: Form, m: regex.Match) -> _Call:
-        model_id = m.groupdict().get("id")
-        call_id = json.loads(model_id) if model_id else self.new_id()
+        model_id = m.groupdict().get("id")  # a JSON string, or bare (Mistral's [CALL_ID])
+        call_id = (json.loads(model_id) if model_id.startswith('"') else model_id) if model_id else self.new_id()
         return _Call(len(self._calls), _name(m, form), form, m.end(), str(call_id))
 
     def _new_xml_call(self, m: regex.Match) -> XmlCall:

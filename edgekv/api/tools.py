@@ -8,7 +8,8 @@ back out of the generated text. The format is the template's family (tool_forms.
     results as Hugging Face passes them: "hermes" (`<tool_call>` JSON: Qwen 2.5/3, Hermes),
     "llama3" (a bare `{"name": ..., "parameters": {...}}`, results in ipython turns),
     "qwen3_coder" (XML calls typed by the schema), "mistral" (`[TOOL_CALLS][...]`, call ids of 9
-    letters and digits, which its templates require), "command_r" (`<|START_ACTION|>`),
+    letters and digits, which its templates require), "ministral" (the newer Mistral models'
+    `[TOOL_CALLS]NAME[ARGS]{...}`), "command_r" (`<|START_ACTION|>`),
     "gpt_oss" (the commentary channel), "functionary" (`>>>NAME`);
   - "deepseek_r1", whose templates render calls but not the tools: a system message lists
     the functions and shows the call syntax;
@@ -134,7 +135,7 @@ class ToolCalling:
     def reader(self) -> CallReader:
         """A reader for this answer's text: its content and calls, as they come (tool_reader.py)."""
         return CallReader({f["name"] for f in self.functions}, parallel=self.parallel,
-                          new_id=_mistral_id if self.format == "mistral" else openai_id,
+                          new_id=_mistral_id if self.format in ("mistral", "ministral") else openai_id,
                           schemas={f["name"]: f.get("parameters") or {} for f in self.functions},
                           family=self.format, lead=LEADS.get(self.format, ""))
 
