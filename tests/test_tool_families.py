@@ -20,6 +20,7 @@ from edgekv.api import reasoning
 from edgekv.api.responses import tool_chat_chunks
 from edgekv.api.tools import ToolCalling
 from edgekv.grammar import LazyConstraint
+from helpers.lazy_grammar import feed
 
 TEMPLATES = Path(__file__).parent / "reference" / "chat_templates"
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": {
@@ -132,16 +133,7 @@ def test_auto_is_free_until_the_familys_call_starts(tiny_model, family, text, tr
     tokenizer = Llama(str(path), n_ctx=256).tokenizer_
     grammar = ToolCalling([ADD], "auto", _template(family)).grammar(opened=family == "deepseek_r1")
     constraint = LazyConstraint(grammar, tokenizer)
-    history, allowed = [1, 2], True
-    for token in tokenizer.encode(text, add_bos=False):
-        logits = np.zeros(tokenizer.n_vocab, np.float32)
-        constraint.apply(logits, history)
-        allowed = bool(np.isfinite(logits[token]))
-        if not allowed:
-            break
-        history.append(token)
-    else:
-        constraint.apply(np.zeros(tokenizer.n_vocab, np.float32), history)
+    allowed = feed(constraint, tokenizer, text)
     assert (constraint.inner is not None, allowed) == (triggered, valid)
     if triggered and valid:
         assert constraint.inner.matcher.is_accepting()

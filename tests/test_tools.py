@@ -17,6 +17,7 @@ from edgekv import Llama
 from edgekv.api.tools import ToolCalling
 from edgekv.errors import EdgeKVError
 from edgekv.server import create_app
+from helpers.lazy_grammar import feed
 from helpers.server import WAIT_S, serving
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
@@ -206,25 +207,12 @@ def test_auto_is_free_until_the_answer_starts_a_call_then_the_call_is_constraine
     """llama.cpp's lazy grammar: the mask stays off until the text, as generated so far, is
     the start of a call to an offered function; from there every token must keep the call
     valid (the arguments their parameters), and the answer may end once the calls are whole."""
-    import numpy as np
-
     from edgekv.grammar import LazyConstraint
 
     path = tiny_model("qwen2", metadata={"tokenizer.chat_template": QWEN_TEMPLATE.read_text()})
     tokenizer = Llama(str(path), n_ctx=256).tokenizer_
     constraint = LazyConstraint(ToolCalling(TOOLS, "auto", QWEN_TEMPLATE.read_text()).grammar(), tokenizer)
-    history = [1, 2]
-    for token in tokenizer.encode(text, add_bos=False):
-        logits = np.zeros(tokenizer.n_vocab, np.float32)
-        constraint.apply(logits, history)
-        if constraint.inner is None:
-            assert np.isfinite(logits).all()  # free text: no mask
-        allowed = bool(np.isfinite(logits[token]))
-        if not allowed:
-            break
-        history.append(token)
-    else:
-        constraint.apply(np.zeros(tokenizer.n_vocab, np.float32), history)
+    allowed = feed(constraint, tokenizer, text)
     assert (constraint.inner is not None) == triggered and allowed == valid
     if triggered and valid:
         assert constraint.inner.matcher.is_accepting()
