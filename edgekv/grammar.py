@@ -191,40 +191,52 @@ class GrammarConstraint:
 
 class LazyGrammar:
     """A grammar that applies from where the output first matches a trigger on (llama.cpp's
-    lazy grammars, as its tool calls use them): `trigger` is a regex matched at the start of
-    the output, or after a leading reasoning block (`block`: its opening and closing tags;
-    opening None when the prompt already opened it), `regex`'s partial matching saying when it
-    no longer can; once it matches, the output from its first group (or from the match) must
-    follow `grammar`. Before that, and for ever when the output can no longer match, the text
-    is free. markers: texts that the model writes as special tokens and the trigger must see
-    (a tool call format's markers)."""
+    lazy grammars, as its tool calls use them). Two kinds of trigger, regexes whose first
+    group that took part (or whole match) is where the grammar starts: `trigger`, matched at the start of the
+    output (a call the answer opens with, in a form that could also be text), and `anywhere`,
+    searched for anywhere in it (a family's own call markers, llama.cpp's trigger words), both
+    after a leading reasoning block (`block`: its opening and closing tags; opening None when
+    the prompt already opened it); `regex`'s partial matching says when text cut short may
+    still match. Before a trigger matches the text is free. markers: texts that the model
+    writes as special tokens and the triggers must see (a tool call format's markers)."""
 
-    def __init__(self, grammar: Grammar, trigger: str, markers: tuple[str, ...] = (),
-                 block: tuple[str | None, str] | None = None):
-        self.grammar, self.trigger, self.source = grammar, regex.compile(trigger), f"lazy {grammar.source}"
+    def __init__(self, grammar: Grammar, trigger: str | None, markers: tuple[str, ...] = (),
+                 block: tuple[str | None, str] | None = None, anywhere: str | None = None):
+        self.grammar, self.source = grammar, f"lazy {grammar.source}"
+        self.trigger = None if trigger is None else regex.compile(trigger)
+        self.anywhere = None if anywhere is None else regex.compile(anywhere)
         self.markers, self.block = markers, block
 
     def __repr__(self) -> str:
-        return f"LazyGrammar({self.grammar.source}, {self.trigger.pattern!r})"
+        return f"LazyGrammar({self.grammar.source}, {self.trigger and self.trigger.pattern!r}, " \
+               f"anywhere={self.anywhere and self.anywhere.pattern!r})"
 
 
 class LazyConstraint:
     """One generation under a LazyGrammar: no mask until the generated text (as the stream's
-    detokenizer writes it) matches the trigger, then a GrammarConstraint fed the text from the
+    detokenizer writes it) matches a trigger, then a GrammarConstraint fed the text from the
     trigger on (re-tokenized: llguidance checks bytes, not how they were split into tokens).
-    A reasoning block is skipped by looking for its closing tag in the new text only (a long
-    block costs no more than its length)."""
+    A reasoning block is skipped by looking for its closing tag in the new text only, and the
+    anywhere trigger is searched for in the new text only (a long answer costs no more than
+    its length)."""
 
     def __init__(self, lazy: LazyGrammar, tokenizer: Tokenizer, end_ids: Iterable[int] = ()):
         self.lazy, self.tokenizer, self.end_ids = lazy, tokenizer, end_ids
         self.inner: GrammarConstraint | None = None
-        self.text, self.free = "", False  # free: the trigger can no longer match
+        self.text = ""
         self._detokenizer = tokenizer.detokenizer(skip_special=True, keep=tokenizer.ids_of(lazy.markers))
         self._start: int | None = None
         self._seen = 0
         self._inside = lazy.block is not None and lazy.block[0] is None  # in the reasoning block
         self._find_from = 0  # where to look for the block's closing tag next
-        self._after: int | None = None if lazy.block is not None else 0  # where the trigger is matched from
+        self._after: int | None = None if lazy.block is not None else 0  # where the answer starts
+        self._at_start = lazy.trigger is not None  # whether the start trigger may still match
+        self._search_from: int | None = None  # where the anywhere trigger is searched from next
+
+    @property
+    def free(self) -> bool:
+        """Whether no trigger can match any more: the rest of the text is free."""
+        return self.inner is None and not self._at_start and self.lazy.anywhere is None and self._after is not None
 
     def apply(self, logits: np.ndarray, history: Sequence[int]) -> None:
         """Mask logits f32[n_vocab] in place once triggered (GrammarConstraint.apply)."""
@@ -236,16 +248,28 @@ class LazyConstraint:
             self._seen = len(history) - self._start
             if self._after is None:
                 self._after = self._past_block()
-            m = None if self._after is None else self.lazy.trigger.match(self.text, self._after, partial=True)
-            if self._after is not None and m is None:
-                self.free = True
-            elif m is not None and not m.partial:
-                begin = m.start(1) if m.re.groups else m.start()
+            m = None if self._after is None else self._triggered()
+            if m is not None:
+                begin = next((m.start(g) for g in range(1, m.re.groups + 1) if m.start(g) >= 0), m.start())
                 self.inner = GrammarConstraint(self.lazy.grammar, self.tokenizer, self.end_ids)
                 written = self.tokenizer.encode(self.text[begin:], add_bos=False)
                 self.inner.start_after(written, len(history))
         if self.inner is not None:
             self.inner.apply(logits, history)
+
+    def _triggered(self) -> regex.Match | None:
+        """The trigger's match once the text holds one (the start trigger first)."""
+        if self._at_start:
+            m = self.lazy.trigger.match(self.text, self._after, partial=True)
+            if m is not None and not m.partial:
+                return m
+            self._at_start = m is not None
+        if self.lazy.anywhere is None:
+            return None
+        m = self.lazy.anywhere.search(self.text, self._after if self._search_from is None else self._search_from,
+                                      partial=True)
+        self._search_from = len(self.text) if m is None else m.start()  # a partial match: from its start
+        return m if m is not None and not m.partial else None
 
     def _past_block(self) -> int | None:
         """Where the output's answer starts (after its reasoning block, if it opens with one),

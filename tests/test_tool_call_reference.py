@@ -130,3 +130,17 @@ def test_the_families_as_llama_cpp_tells_them_apart():
                                                                 / c["template"]).read_text()).format
                 for c in REFERENCE["cases"]}
     assert families == {c["template"]: c["family"] for c in REFERENCE["cases"]}
+
+
+@pytest.mark.parametrize("case", [c for c in REFERENCE["cases"] if any(t["type"] == "word" for t in c["llama_cpp"]["triggers"])],
+                         ids=lambda c: c["template"].removesuffix(".jinja"))
+def test_llama_cpps_trigger_words_start_a_call_anywhere(case):
+    """Each word that triggers llama.cpp's lazy grammar for the template may start edgekv's
+    trigger anywhere in an answer (text before it, then the word, is not yet free text)."""
+    calling = ToolCalling(case["tools"], "auto", (Path(__file__).parent / "reference" / "chat_templates"
+                                                  / case["template"]).read_text())
+    lazy = calling.grammar()
+    for trigger in (t["value"] for t in case["llama_cpp"]["triggers"] if t["type"] == "word"):
+        text = "Some text first. " + trigger
+        m = lazy.anywhere.search(text, partial=True)
+        assert m is not None and m.start() <= len("Some text first. "), (trigger, lazy.anywhere.pattern)

@@ -124,6 +124,12 @@ def test_the_familys_answer_reads_as_reasoning_and_calls_streamed_or_whole(famil
     ("functionary", "all\nIt is 5.", False, True),
     ("functionary", 'add\n{"a": 2.5', True, False),
     ("ministral", "[THINK]Adding.[/THINK]It is 5.", False, True),
+    # a call after text: triggered by the family's markers, as llama.cpp's trigger words
+    ("deepseek_r1", "Adding.</think>\n\nLet me add." + CALLS["deepseek_r1"][len("Adding.</think>\n\n"):], True, True),
+    ("command_r", "<|START_RESPONSE|>Adding.<|END_RESPONSE|>" + CALLS["command_r"][CALLS["command_r"].index("<|START_A"):],
+     True, True),
+    ("functionary", f"all\nLet me add.>>>add\n{ARGS}", True, True),
+    ("ministral", f"Let me add.[TOOL_CALLS]add[ARGS]{ARGS}", True, True),
     ("ministral", '[TOOL_CALLS]add[ARGS]{"b": 3}', True, False),  # a is required
 ])
 def test_auto_is_free_until_the_familys_call_starts(tiny_model, family, text, triggered, valid):

@@ -200,7 +200,9 @@ LYON = '{"name": "get_weather", "arguments": {"city": "Lyon"}}'
     (f"<think>the weather, so</think>\n{LYON}", True, True),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"town": "Lyon"}}', True, False),  # not its parameters
     ('```json\n{"name": "get_weather", "arguments": {"city": "Lyon", "x": 1}}', True, False),
-    ("It is sunny in Lyon. {\"name\": \"get_weather\"}", False, True),  # a call after text: free
+    ("It is sunny in Lyon. {\"name\": \"get_weather\"}", False, True),  # bare JSON after text: free
+    (f"Let me check.\n<tool_call>\n{LYON}\n</tool_call>", True, True),  # the family's tag: anywhere
+    ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"town": "Lyon"}}', True, False),
     ('```json\n{"name": "say_hi", "arguments": {}}\n```', False, True),  # not an offered function: free
 ])
 def test_auto_is_free_until_the_answer_starts_a_call_then_the_call_is_constrained(tiny_model, text, triggered, valid):

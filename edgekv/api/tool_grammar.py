@@ -36,7 +36,7 @@ class _Syntax:
     close: str
     head: str  # with {name}: the function's name as a Lark string's content
     tail: str
-    trigger: str
+    trigger: str | None  # searched for anywhere in the answer
 
 
 _SYNTAX = {
@@ -76,25 +76,30 @@ def required_grammar(functions: list[dict], family: str, parallel: bool) -> Gram
 
 
 def lazy_grammar(functions: list[dict], family: str, parallel: bool, opened: bool = False) -> LazyGrammar:
-    """auto, as llama.cpp's lazy grammars do it: the answer is free unless it starts (after
-    whitespace, or after a reasoning block: `opened` when the prompt already opened one) with a
-    call to one of the functions; from there on it is calls whose arguments follow the
-    parameters. The JSON-object families' trigger ends at the function's name, in the
-    template's tags, a Markdown fence, an array or bare (Qwen3-Coder's XML too)."""
+    """auto, as llama.cpp's lazy grammars do it: the answer is free until it starts a call to
+    one of the functions, then it is calls whose arguments follow the parameters. A call in
+    the family's own markup (`<tool_call>`, [TOOL_CALLS], DeepSeek's and Command R's blocks, ...)
+    triggers wherever it starts, as llama.cpp's trigger words do; the forms that could also be
+    text (a Markdown fence, an array, bare JSON) only at the answer's start. Both after a
+    reasoning block (`opened`: the prompt already opened one). The JSON-object families'
+    triggers end at the function's name."""
     block = (None if opened else "<think>", "</think>")
     if family in THINKING:
         block = (None if opened else THINKING[family][0], THINKING[family][1])
     markers = MARKERS.get(family, ())
+    names = [regex.escape(f["name"]) for f in functions]
     if family in _SYNTAX:
         syntax = _SYNTAX[family]
-        trigger = syntax.trigger or r"((?:{})\n)".format("|".join(regex.escape(f["name"]) for f in functions))
-        return LazyGrammar(Grammar.from_lark(_args_grammar(functions, syntax, parallel, flexible=True)),
-                           trigger, markers, block)
-    names = "|".join(regex.escape(json.dumps(f["name"])) for f in functions)
+        grammar = Grammar.from_lark(_args_grammar(functions, syntax, parallel, flexible=True))
+        if family == "functionary":  # a call at the start, or after >>> (llama.cpp's trigger)
+            called = "|".join(names)
+            return LazyGrammar(grammar, rf"((?:{called})\n)", markers, block, rf">>>((?:{called})\n)")
+        return LazyGrammar(grammar, None, markers, block, syntax.trigger)
     ws = r"[ \t\r\n]*"  # JSON's whitespace, the grammar's WS (not \s: no other space may start a call)
-    xml = "|".join(regex.escape(f["name"]) for f in functions)
-    trigger = (rf'\s*((?:<tool_call>{ws}|<\|python_tag\|>{ws}|```(?:json)?[ \t]*\n{ws}|\[{ws})?'
-               rf'\{{{ws}"name"{ws}:{ws}(?:{names})|<tool_call>\n<function=(?:{xml})>)')
+    head = rf'\{{{ws}"name"{ws}:{ws}(?:{"|".join(regex.escape(json.dumps(f["name"])) for f in functions)})'
+    xml = rf'(?:<tool_call>\s*)?<function=(?:{"|".join(names)})>'  # Qwen3-Coder's (the tag may be left out)
+    start = rf"\s*((?:<tool_call>{ws}|<\|python_tag\|>{ws}|```(?:json)?[ \t]*\n{ws}|\[{ws})?{head}|{xml})"
+    anywhere = rf"(<tool_call>{ws}{head}|<\|python_tag\|>{ws}{head}|{xml})|\[TOOL_CALLS\]{ws}(\[{ws}{head})"
     calls, array = ("(WS? call)+ WS?", '(WS? "," WS? body)*') if parallel else ("call WS?", "")
     return LazyGrammar(Grammar.from_lark(
         f"start: {calls}\n"
@@ -103,7 +108,7 @@ def lazy_grammar(functions: list[dict], family: str, parallel: bool, opened: boo
         f"{_xml_rules(functions, strict=False)}\n"
         f"body: %json {_call_schema(functions, arguments_key(family), flexible=True)}\n"
         "FENCE: /```(json)?[ \\t]*\\n/\n"
-        "WS: /[ \\t\\r\\n]+/"), trigger, markers, block)
+        "WS: /[ \\t\\r\\n]+/"), start, markers, block, anywhere)
 
 
 def arguments_key(family: str) -> str:
@@ -157,7 +162,7 @@ def _xml_rules(functions: list[dict], strict: bool) -> str:
     """Lark rules `xcall` for Qwen3-Coder's XML calls to `functions`: each parameter's key is
     one of the function's, its value typed as above; the required parameters come first, in
     the schema's order, each once, then any of the others; strict: one newline between the
-    tags, as the template writes them (else any whitespace)."""
+    tags, as the template writes them (else any whitespace, and the <tool_call> tags optional)."""
     calls, rules = [], []
     for i, f in enumerate(functions):
         parameters = f.get("parameters") or {}
@@ -173,5 +178,6 @@ def _xml_rules(functions: list[dict], strict: bool) -> str:
             rules.append(f"xp{i}: " + " | ".join(optional))
     # the tags as lexemes of their own, as the JSON forms' grammar has them (<tool_call> starts both)
     ws = '"\\n"' if strict else "XWS"
-    return "\n".join([f'xcall: "<tool_call>" {ws} ({" | ".join(calls)}) {ws} "</tool_call>"', *rules,
+    untagged = "" if strict else f' | ({" | ".join(calls)})'  # a function without the tag, as llama.cpp takes it
+    return "\n".join([f'xcall: "<tool_call>" {ws} ({" | ".join(calls)}) {ws} "</tool_call>"{untagged}', *rules,
                       _XML_TERMINALS, "XWS: /[ \\t\\r\\n]+/"])
