@@ -144,3 +144,28 @@ def test_llama_cpps_trigger_words_start_a_call_anywhere(case):
         text = "Some text first. " + trigger
         m = lazy.anywhere.search(text, partial=True)
         assert m is not None and m.start() <= len("Some text first. "), (trigger, lazy.anywhere.pattern)
+
+
+@pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["template"].removesuffix(".jinja"))
+def test_a_stream_cut_anywhere_carries_the_whole_answer(case):
+    """Each whole output streamed one character at a time (every cut a stream can see) gives
+    the same reasoning, content and calls as the output read whole."""
+    for output in (o for o in case["outputs"] if not o.get("partial")):
+        text = output["text"]
+        whole = read(case, text, partial=False)
+        template = (Path(__file__).parent / "reference" / "chat_templates" / case["template"]).read_text()
+        calling = ToolCalling(case["tools"], "auto", template, case["parallel"])
+        splitter = reasoning.ReasoningSplitter(reasoning.opened_by(case["llama_cpp"]["prompt"], calling.thinking[0]),
+                                               calling.thinking)
+        reader, thought, deltas = calling.reader(), "", []
+        for i, c in enumerate(text):
+            r, rest = splitter.whole(c) if i == len(text) - 1 else splitter.push(c)
+            thought += r
+            deltas += reader.push(rest)
+        deltas += reader.finish("stop")[0]
+        content = "".join(d.get("content", "") for d in deltas)
+        calls = {}
+        for d in (t for delta in deltas for t in delta.get("tool_calls", ())):
+            calls.setdefault(d["index"], [d.get("function", {}).get("name"), ""])[1] += d["function"].get("arguments", "")
+        assert (thought, content) == whole[:2], text
+        assert [tuple(c) for c in calls.values()] == [(n, a) for n, a, _ in whole[2]], text
