@@ -4,7 +4,7 @@ per model family, with the family's real chat template.
 
 How: tests/reference/tool_calls/llama_chat_parse.cpp is compiled against the `llama-common`
 library of the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist (only that library's
-sources are built, about 20 minutes on 2 cores; `libllama` and `libggml` come from the
+sources are built, about 4 minutes on 2 cores; `libllama` and `libggml` come from the
 installed llama-cpp-python of the same sdist) and run once on all the cases below. Each
 case: a template, the request's tools, parallel_tool_calls, and model outputs, whole or cut
 short (`partial`, as a stream sees them). tests/test_tool_call_reference.py reads the same
