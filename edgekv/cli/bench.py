@@ -3,8 +3,10 @@
 What lives here: the command's options, with llama-bench's names and defaults (-m, -p, -n,
 -d, -b, -ctk, -ctv, -t, -r, -o; each list option takes comma-separated values or repeats,
 and the cartesian product of the lists is run), and checking every test against every
-model before the first one runs. What does not: the method, the statistics and the
-output formats (edgekv/lab/bench.py).
+model before the first one runs; the board's state around the run (a Jetson's power mode and
+clock lock in the header, a warning when clocks are not locked or the board throttled; the
+power over each test where a source reads: board/). What does not: the method, the
+statistics and the output formats (edgekv/lab/bench.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from typing import Callable
 
 from .common import add_backend_option, non_negative_int, positive_int
@@ -80,7 +83,9 @@ def bench(args: argparse.Namespace) -> int:
     paths = [resolve_model(name) for name in names]
     for name, path in zip(names, paths):  # every mistake is found before the first test runs
         b.check_tests(tests, read_hparams(GGUFFile(path)), name, max_threads())
-    md_fields = [f for f, _ in b.MD_FIELDS if f != "n_batch" or n_batch != [b.DEFAULT_N_BATCH]]
+    board, meter = _board_and_meter()
+    md_fields = [f for f, _ in b.MD_FIELDS if (f != "n_batch" or n_batch != [b.DEFAULT_N_BATCH])
+                 and (f not in b.POWER_MD_FIELDS or meter is not None)]
     printer = b.ResultPrinter(args.output, sys.stdout, md_fields)
     printer.begin()
     for path in paths:
@@ -88,6 +93,40 @@ def bench(args: argparse.Namespace) -> int:
         info = b.ModelInfo.from_gguf(model.gguf)
         for i, test in enumerate(tests, 1):
             log.info("%s: test %d/%d: %s", info.type, i, len(tests), test.name)
-            printer.add(b.run_test(model, test, args.repetitions, info, warmup=not args.no_warmup))
+            result = b.run_test(model, test, args.repetitions, info, warmup=not args.no_warmup, meter=meter)
+            if board is not None:
+                result = replace(result, power_mode=board.power_mode, clocks_locked=board.clocks_locked)
+            printer.add(result)
     printer.end()
+    _warn_if_throttled(board)
     return 0
+
+
+def _board_and_meter():
+    """The Jetson's facts (None elsewhere) and a power meter (None where nothing reads); the
+    header's lines go to stderr, so that the results on stdout stay llama-bench's."""
+    from ..board.jetson import read_board
+    from ..board.power import PowerMeter
+
+    board, meter = read_board(), PowerMeter.find()
+    if board is not None:
+        mode = board.power_mode if board.power_mode is not None else f"unknown (default {board.default_mode})"
+        locked = {True: "locked", False: "not locked", None: "unknown"}[board.clocks_locked]
+        print(f"edgekv bench: {board.model or 'Jetson'}, power mode {mode}, clocks {locked}", file=sys.stderr)
+        if board.clocks_locked is False:
+            log.warning("the clocks are not locked: figures vary with the governor; run `sudo jetson_clocks` "
+                        "(and keep the same power mode) for repeatable figures")
+    if meter is not None:
+        print(f"edgekv bench: power from {meter.source}", file=sys.stderr)
+    return board, meter
+
+
+def _warn_if_throttled(board) -> None:
+    from ..board.jetson import read_board
+
+    if board is None:
+        return
+    hot = (read_board() or board).throttling
+    if hot:
+        log.warning("the board was throttling when the run ended (%s): its figures are lower than the board's "
+                    "best; cool it or use a lower power mode", ", ".join(f"{z.name} {z.celsius:.1f} C" for z in hot))

@@ -39,6 +39,7 @@ from ..system_info import cpu_info
 from ..version import version
 
 if TYPE_CHECKING:
+    from ..board.power import PowerMeter, Reading
     from ..gguf.reader import GGUFFile
     from ..loader import Model
     from ..models.base import HParams
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 BACKEND = "numba"
 RECORD_FIELDS = ("edgekv_version", "cpu_info", "backends", "model_filename", "model_type", "model_size",
                  "model_n_params", "n_batch", "n_threads", "type_k", "type_v", "n_prompt", "n_gen", "n_depth",
-                 "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
+                 "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts",
+                 "power_mode", "clocks_locked", "avg_power_w", "tokens_per_joule", "power_source")
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
 DEFAULT_N_BATCH = 512
 
@@ -215,6 +217,15 @@ class BenchResult:
     test_time: str  # RFC 3339, UTC
     samples_ns: list[int]
     backend: str = BACKEND
+    power: "Reading | None" = None  # over the timed repetitions
+    power_mode: str | None = None  # a Jetson's nvpmodel mode
+    clocks_locked: bool | None = None
+
+    @property
+    def tokens_per_joule(self) -> float | None:
+        if self.power is None or self.power.joules <= 0:
+            return None
+        return self.test.n_tokens * len(self.samples_ns) / self.power.joules
 
     @property
     def samples_ts(self) -> list[float]:
@@ -238,11 +249,13 @@ class BenchResult:
 
     def record(self) -> dict:
         """llama-bench's JSON record (RECORD_FIELDS), with `edgekv_version` in place of
-        build_commit and build_number."""
-        t, m = self.test, self.model
+        build_commit and build_number, and the power fields (null where unknown)."""
+        t, m, p = self.test, self.model, self.power
         values = (version(), cpu_info(), self.backend, m.filename, m.type, m.size, m.n_params, t.n_batch,
                   t.n_threads, t.type_k, t.type_v, t.n_prompt, t.n_gen, t.n_depth, self.test_time, self.avg_ns,
-                  self.stddev_ns, self.avg_ts, self.stddev_ts, list(self.samples_ns), self.samples_ts)
+                  self.stddev_ns, self.avg_ts, self.stddev_ts, list(self.samples_ns), self.samples_ts,
+                  self.power_mode, self.clocks_locked, None if p is None else p.watts, self.tokens_per_joule,
+                  None if p is None else p.source)
         return dict(zip(RECORD_FIELDS, values, strict=True))
 
 
@@ -255,15 +268,18 @@ def now_rfc3339() -> str:
 
 
 def run_test(model: "Model", test: BenchTest, repetitions: int, info: ModelInfo | None = None,
-             warmup: bool = True) -> BenchResult:
-    """Warm up, then time `repetitions` repetitions of one test."""
+             warmup: bool = True, meter: "PowerMeter | None" = None) -> BenchResult:
+    """Warm up, then time `repetitions` repetitions of one test (with a meter, the power over
+    them: the warm-up and the JIT compilation are not in it)."""
     if repetitions < 1:
         raise EdgeKVError(f"repetitions must be at least 1, got {repetitions}")
     test_time = now_rfc3339()
     runner = BenchRunner(model, test, warmup)
+    if meter is not None:
+        meter.start()
     samples = [runner.sample() for _ in range(repetitions)]
     return BenchResult(info or ModelInfo.from_gguf(model.gguf), runner.test, test_time, samples,
-                       backend_label(model.backend))
+                       backend_label(model.backend), power=None if meter is None else meter.stop())
 
 
 def backend_label(backend) -> str:
@@ -276,7 +292,8 @@ def backend_label(backend) -> str:
 
 # (field, width): negative widths are left-aligned, as in llama-bench's markdown printer
 MD_FIELDS = (("model", -30), ("size", 10), ("params", 10), ("backend", -8), ("threads", 7), ("n_batch", 7),
-              ("type_k", -6), ("type_v", -6), ("test", 15), ("t/s", 20))
+              ("type_k", -6), ("type_v", -6), ("test", 15), ("t/s", 20), ("W", 7), ("t/J", 8))
+POWER_MD_FIELDS = ("W", "t/J")  # shown when a power source was read
 CSV_FIELDS = tuple(k for k in RECORD_FIELDS if not k.startswith("samples_"))  # llama-bench's csv leaves them out
 
 
@@ -293,7 +310,9 @@ def md_cells(r: BenchResult) -> dict[str, str]:
     t = r.test
     return {"model": r.model.type, "size": _size(r.model.size), "params": _params(r.model.n_params),
             "backend": r.backend, "threads": str(t.n_threads), "n_batch": str(t.n_batch), "type_k": t.type_k,
-            "type_v": t.type_v, "test": t.name, "t/s": f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"}
+            "type_v": t.type_v, "test": t.name, "t/s": f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
+            "W": "-" if r.power is None else f"{r.power.watts:.2f}",
+            "t/J": "-" if r.tokens_per_joule is None else f"{r.tokens_per_joule:.2f}"}
 
 
 class ResultPrinter:
