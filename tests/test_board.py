@@ -137,3 +137,38 @@ def test_bench_warns_when_the_board_throttled(root, tiny_model, capsys):
     assert rc == 0 and "clocks locked" in err and "throttling when the run ended (tj-thermal 99.5 C)" in err
     record = json.loads(out)
     assert record["power_mode"] == "MAXN" and record["clocks_locked"] is True
+
+
+def test_a_monitor_counts_energy_for_metrics(root, monkeypatch):
+    """The server's monitor: the power at each reading and the energy since it started, by the
+    trapezoid rule on rails and across a RAPL counter's wrap."""
+    board_trees.orin_nano(root)
+    now = [0.0]
+    monitor = power.PowerMonitor(power.PowerMeter.find(clock=lambda: now[0]), interval=3600)
+    monitor.read()  # 6.096 W at t = 0
+    (root / "sys/class/hwmon/hwmon1/curr1_input").write_text("2400\n")
+    now[0] = 2.0
+    monitor.read()  # 12.192 W at t = 2
+    assert (monitor.watts, monitor.joules) == (pytest.approx(12.192), pytest.approx(2 * (6.096 + 12.192) / 2))
+    pc = board_trees.x86_with_rapl(root / "pc")
+    monkeypatch.setenv(ROOT_VARIABLE, str(pc))
+    rapl = power.PowerMonitor(power.PowerMeter.find(clock=lambda: now[0]), interval=3600)
+    rapl.read()  # 9.5 J on the counter at t = 2
+    (pc / "sys/class/powercap/intel-rapl:0/energy_uj").write_text("500000\n")
+    now[0] = 4.0
+    rapl.read()  # wrapped at 10 J: 1 J in 2 s
+    assert (rapl.source, rapl.joules, rapl.watts) == ("rapl package-0", 1.0, 0.5)
+
+
+def test_metrics_export_power_and_energy(root, tiny_model):
+    from starlette.testclient import TestClient
+
+    from edgekv import Llama
+    from edgekv.server import create_app
+
+    board_trees.orin_nano(root)
+    with TestClient(create_app(Llama(str(tiny_model()), n_ctx=64))) as client:
+        text = client.get("/metrics").text
+    assert "# TYPE edgekv_power_watts gauge" in text and "# TYPE edgekv_energy_joules_total counter" in text
+    assert 'edgekv_power_watts{source="ina3221 VDD_IN"} 6.096' in text
+    assert 'edgekv_energy_joules_total{source="ina3221 VDD_IN"} ' in text

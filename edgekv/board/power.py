@@ -153,3 +153,52 @@ class PowerMeter:
         watts, joules = average_power(self._samples)
         span = self._samples[-1][0] - self._samples[0][0] if len(self._samples) > 1 else 0.0
         return Reading(self.source, span or seconds, joules if span else watts * seconds)
+
+
+class PowerMonitor:
+    """A meter that runs for a server's lifetime: the power at the last reading and the energy
+    since it started (rails integrated by the trapezoid rule, RAPL counters followed across
+    their wrap-around), read every `interval` seconds by a thread (`edgekv serve`'s /metrics)."""
+
+    def __init__(self, meter: PowerMeter, interval: float = 1.0):
+        self.meter, self.interval = meter, interval
+        self.source = meter.source
+        self.watts, self.joules = 0.0, 0.0
+        self._last: tuple[float, float | list[int]] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgekv-power-monitor", daemon=True)
+
+    def start(self) -> PowerMonitor:
+        self.read()
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.read()
+
+    def read(self) -> None:
+        """One reading now, added to the energy."""
+        m, now = self.meter, self.meter.clock()
+        if m._counters:
+            value: float | list[int] = [sysfs.read_int(path) or 0 for _, path, _ in m._counters]
+        else:
+            value = m._watts() if m._watts is not None else None
+            if value is None:
+                return
+        with self._lock:
+            if self._last is not None:
+                t0, before = self._last
+                if m._counters:
+                    added = sum((e1 - e0) % span for (_, _, span), e0, e1 in zip(m._counters, before, value)) / 1e6
+                    self.watts = added / (now - t0) if now > t0 else self.watts
+                else:
+                    added = (now - t0) * (before + value) / 2
+                self.joules += added
+            if not m._counters:
+                self.watts = value
+            self._last = (now, value)

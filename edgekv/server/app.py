@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..api.responses import usage
+from ..board.power import PowerMeter, PowerMonitor
 from ..errors import ContextFullError, EdgeKVError
 from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_SLOTS, DEFAULT_SPILL_MAX
 from .metrics import CONTENT_TYPE, ServerStats, prometheus_text
@@ -67,8 +68,9 @@ class _Api:
 
     def __init__(self, llm: Any, model_id: str, api_key: str | None, max_body: int, queue: GenerationQueue,
                  pool: SessionPool, scheduler: StepScheduler, reasoning_format: str = "auto",
-                 chat_template_kwargs: dict | None = None):
+                 chat_template_kwargs: dict | None = None, power: Any = None):
         self.llm, self.model_id, self.api_key, self.max_body, self.queue = llm, model_id, api_key, max_body, queue
+        self.power = power  # a board/power.PowerMonitor, where the machine has a power source
         self.pool, self.scheduler, self.stats = pool, scheduler, ServerStats()
         self.reasoning_format, self.chat_template_kwargs = reasoning_format, chat_template_kwargs
         self.created = int(time.time())
@@ -120,7 +122,8 @@ class _Api:
 
     async def metrics(self, request: Request) -> Response:
         self._check_key(request)
-        return Response(prometheus_text(self.stats, self.queue, self.scheduler, self.pool), media_type=CONTENT_TYPE)
+        return Response(prometheus_text(self.stats, self.queue, self.scheduler, self.pool, self.power),
+                        media_type=CONTENT_TYPE)
 
     async def chat_completions(self, request: Request):
         body = await self._read_json(request)
@@ -301,8 +304,10 @@ def create_app(llm: Any, *, model_id: str | None = None, api_key: str | None = N
     queue = GenerationQueue(max_queue, parallel)
     scheduler = StepScheduler(llm._model.network, parallel)
     pool = SessionPool(llm, slots, kv_budget, spill_dir, spill_max, runner=scheduler, parallel=parallel)
+    meter = PowerMeter.find()
+    power = None if meter is None else PowerMonitor(meter).start()  # /metrics' power and energy
     api = _Api(llm, model_id or os.path.basename(llm.model_path), api_key, max_body, queue, pool, scheduler,
-               reasoning_format, chat_template_kwargs)
+               reasoning_format, chat_template_kwargs, power)
     routes = [
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -318,6 +323,8 @@ def create_app(llm: Any, *, model_id: str | None = None, api_key: str | None = N
         queue.shutdown()
         scheduler.stop()
         pool.close()
+        if power is not None:
+            power.close()
         if own_spill_dir:
             shutil.rmtree(spill_dir, ignore_errors=True)
 

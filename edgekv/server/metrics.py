@@ -68,8 +68,9 @@ _METRICS = {
 }
 
 
-def prometheus_text(stats: ServerStats, queue: Any, scheduler: Any, pool: Any) -> str:
-    """The exposition text of every metric above."""
+def prometheus_text(stats: ServerStats, queue: Any, scheduler: Any, pool: Any, power: Any = None) -> str:
+    """The exposition text of every metric above; with a power monitor (board/power.py), the
+    power now and the energy since the server started, labelled with their source."""
     totals = pool.totals()
     with stats._lock:
         values = {
@@ -93,6 +94,12 @@ def prometheus_text(stats: ServerStats, queue: Any, scheduler: Any, pool: Any) -
     lines = []
     for name, (kind, text) in _METRICS.items():
         lines += [f"# HELP edgekv_{name} {text}", f"# TYPE edgekv_{name} {kind}", f"edgekv_{name} {values[name]}"]
+    if power is not None:
+        label = '{source="' + power.source.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+        lines += ["# HELP edgekv_power_watts the machine's power at the last reading, watts",
+                  "# TYPE edgekv_power_watts gauge", f"edgekv_power_watts{label} {round(power.watts, 3)}",
+                  "# HELP edgekv_energy_joules_total energy used since the server started, joules",
+                  "# TYPE edgekv_energy_joules_total counter", f"edgekv_energy_joules_total{label} {round(power.joules, 3)}"]
     return "\n".join(lines) + "\n"
 
 
