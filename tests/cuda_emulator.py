@@ -36,6 +36,7 @@ class EmulatedDriver:
         self._memory: dict[int, np.ndarray] = {}  # allocated: address -> bytes
         self.capacity = self.info.total_memory  # what cuMemAlloc may hand out in all
         self.registered: list[tuple[int, int]] = []  # host ranges [start, end)
+        self.register_limit = 1 << 62  # bytes of host memory that may be registered in all
         self.launches: list[str] = []  # kernel names, in order
         self.last_args: dict[str, list] = {}  # kernel name -> the arguments of its latest launch
         self.copies_to_host = 0
@@ -147,6 +148,8 @@ class EmulatedDriver:
         if not self.info.host_register or (read_only and not self.info.read_only_register):
             raise CudaError(f"cuMemHostRegister({nbytes} bytes) failed: CUDA_ERROR_NOT_SUPPORTED", 801)
         start, end = address - address % PAGE, -(-(address + nbytes) // PAGE) * PAGE
+        if sum(b - a for a, b in self.registered) + end - start > self.register_limit:  # NvMap's ENOMEM
+            raise CudaError(f"cuMemHostRegister({nbytes} bytes) failed: CUDA_ERROR_OUT_OF_MEMORY", ERROR_OUT_OF_MEMORY)
         if any(a < end and start < b for a, b in self.registered):
             raise RuntimeError("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: a page of this range is registered")
         self.registered.append((start, end))

@@ -245,3 +245,35 @@ def test_edgekv_mem_plans_the_context_loading_on_the_gpu_gets_and_says_what_the_
     assert llm._ctx._cap == n_ctx  # loading's plan: the one mem printed
     assert main(["mem", "-m", path, "-c", str(2 * n_ctx), "--backend", "cuda"]) == 0  # more than the GPU holds
     assert "gpu fit:         no: " in capsys.readouterr().out
+
+
+def test_a_jetson_that_cannot_pin_more_memory_says_what_to_try(tiny_model, monkeypatch, capfd):
+    """On shared RAM (an integrated GPU) NvMap may refuse to pin more pages (ENOMEM): loading
+    is one error naming what was asked, what the GPU and the system have free and what to
+    try; left to auto, the model runs on the CPU, and the process goes on."""
+    from edgekv import backends
+    from edgekv.errors import GpuOutOfMemory
+
+    path = tiny_model("llama")
+    backend = CUDABackend(EmulatedDevice(integrated=True))  # the weights are mapped: registered
+    backend.device.driver.register_limit = 0
+    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: [\d.]+ MiB of host memory to "
+                                             r"map for it, \d+ MiB of 8.0 GiB free; available to processes: .*"
+                                             r"-ctk q8_0 -ctv q8_0, or iq4_cal.*--slots.*--backend cpu"):
+        load(path, backend=backend)
+    monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
+    monkeypatch.setattr(backends, "_auto", lambda: "cuda")
+    monkeypatch.setitem(backends._made, "cuda", backend)
+    monkeypatch.setattr(backends, "_auto_said", False)
+    monkeypatch.setattr(backends, "_cuda_failed", None)
+    capfd.readouterr()
+    model = load(path)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "host memory to map for it" in err[0] and err[0].endswith("running on the CPU")
+    session = model.session(n_ctx=32)
+    session.eval([1, 2, 3])
+    want = load(path, backend="cpu").session(n_ctx=32)
+    want.eval([1, 2, 3])
+    assert model.backend.name == "cpu"
+    np.testing.assert_array_equal(session.logits, want.logits)
+    gc.collect()

@@ -112,15 +112,28 @@ class Device:
         except CudaError as exc:
             if exc.code != ERROR_OUT_OF_MEMORY:
                 raise
-            free, total = self.driver.memory_info()
-            raise GpuOutOfMemory(f"the GPU ({self.info.name}) is out of memory: {nbytes / 2**20:.1f} MiB asked, "
-                                 f"{free / 2**20:.0f} MiB of {total / 2**30:.1f} GiB free; use a smaller model, "
-                                 "context or batch, or run on the CPU with --backend cpu") from None
+            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB asked") from None
         buf = Buffer(ptr, nbytes)
         self._owned[buf.ptr] = buf
         if owner is not None:
             self.free_with(owner, buf)
         return buf
+
+    def _out_of_memory(self, asked: str) -> GpuOutOfMemory:
+        """The error for memory the GPU could not have: what was asked, what is free (on an
+        integrated GPU, which shares the RAM, the system's MemAvailable too) and what to try."""
+        from ..kv.memory import free_memory
+
+        free, total = self.driver.memory_info()
+        text = f"the GPU ({self.info.name}) is out of memory: {asked}, {free / 2**20:.0f} MiB of {total / 2**30:.1f} GiB free"
+        if self.info.integrated:  # a Jetson: the GPU's memory is the board's RAM
+            available = free_memory()
+            if available is not None:
+                text += f"; available to processes: {available}"
+            return GpuOutOfMemory(text + "; use a smaller model, context (-c) or batch, a quantized KV cache "
+                                  "(-ctk q8_0 -ctv q8_0, or iq4_cal), fewer server slots (--slots), close other "
+                                  "programs that hold memory, or run on the CPU with --backend cpu")
+        return GpuOutOfMemory(text + "; use a smaller model, context or batch, or run on the CPU with --backend cpu")
 
     def free_with(self, owner: object, buf: Buffer) -> None:
         """Give buf back when owner goes (a finalizer may run anywhere, even mid-capture: it
@@ -150,7 +163,12 @@ class Device:
             if start <= lo and lo + array.nbytes <= end:
                 return dptr + lo - start
         start, nbytes, owner = _region(array)
-        dptr = self.driver.register_host(start, nbytes, read_only)
+        try:
+            dptr = self.driver.register_host(start, nbytes, read_only)
+        except CudaError as exc:  # on a Jetson, NvMap could not pin the pages (ENOMEM)
+            if exc.code != ERROR_OUT_OF_MEMORY:
+                raise
+            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB of host memory to map for it") from None
         self._registered.append((start, start + nbytes, dptr))
         # unregistered when the memory goes (a new mapping may take its addresses)
         weakref.finalize(owner, self._unregister, start)
