@@ -172,3 +172,25 @@ def test_metrics_export_power_and_energy(root, tiny_model):
     assert "# TYPE edgekv_power_watts gauge" in text and "# TYPE edgekv_energy_joules_total counter" in text
     assert 'edgekv_power_watts{source="ina3221 VDD_IN"} 6.096' in text
     assert 'edgekv_energy_joules_total{source="ina3221 VDD_IN"} ' in text
+
+
+def test_edgekv_mem_on_a_jetson_shows_the_shared_ram(root, tiny_model, capsys):
+    """The board's total, what is available and what other processes hold, and NvMap's GPU
+    clients (debugfs, as `cat /sys/kernel/debug/nvmap/iovmm/clients` prints them)."""
+    board_trees.orin_nano(root)
+    board_trees.write(root, {
+        "/proc/meminfo": "MemTotal:        7802128 kB\nMemFree:          912340 kB\nMemAvailable:    5312004 kB\n",
+        "/proc/self/status": "Name:\tpython\nVmRSS:\t  524288 kB\n",
+        "/sys/kernel/debug/nvmap/iovmm/clients": "CLIENT                        PROCESS      PID        SIZE\n"
+                                                 "user                          gnome-shell  1523     184320K\n"
+                                                 "user                          python3      4242    1048576K\n"
+                                                 "total                                               1232896K\n"})
+    rc = main(["mem", "-m", str(tiny_model()), "-c", "64"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert ("board memory:    7.4 GiB shared by the CPU and the GPU, 5.1 GiB available; other processes hold "
+            "1.9 GiB") in out
+    assert "gpu memory:      python3 (pid 4242) 1024 MiB, gnome-shell (pid 1523) 180 MiB" in out
+    board_trees.write(root, {"/proc/meminfo": "garbage\n"})
+    main(["mem", "-m", str(tiny_model()), "-c", "64"])
+    assert "board memory" not in capsys.readouterr().out  # unreadable: not shown, no error

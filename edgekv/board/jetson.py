@@ -215,3 +215,26 @@ def info_lines(board: Board) -> dict[str, str]:
             "; throttling: " + ", ".join(f"{z.name} at {z.celsius:.1f} C >= {z.trip_celsius:.1f} C" for z in hot)
             if hot else "")
     return lines
+
+
+def memory_lines() -> dict[str, str]:
+    """A Jetson's shared RAM as `edgekv mem` shows it: the board's total, what is available,
+    and what other processes hold (total less available less this process's resident set);
+    the GPU's clients where NvMap's debugfs list is readable (root only). /proc/meminfo and
+    /proc/self/status as the kernel's proc(5) documents them (kB)."""
+    meminfo = dict(re.findall(r"^(\w+):\s+(\d+) kB", sysfs.read_text("/proc/meminfo") or "", re.M))
+    if "MemTotal" not in meminfo or "MemAvailable" not in meminfo:
+        return {}
+    total, available = int(meminfo["MemTotal"]) * 1024, int(meminfo["MemAvailable"]) * 1024
+    rss = re.search(r"^VmRSS:\s+(\d+) kB", sysfs.read_text("/proc/self/status") or "", re.M)
+    own = int(rss.group(1)) * 1024 if rss else 0
+    gib = 2 ** 30
+    lines = {"board memory": f"{total / gib:.1f} GiB shared by the CPU and the GPU, {available / gib:.1f} GiB available; "
+                             f"other processes hold {max(total - available - own, 0) / gib:.1f} GiB"}
+    clients = sysfs.read_text("/sys/kernel/debug/nvmap/iovmm/clients")
+    if clients:  # "CLIENT PROCESS PID SIZE" rows, SIZE like 123456K
+        rows = re.findall(r"^\s*\S+\s+(\S+)\s+(\d+)\s+(\d+)K", clients, re.M)
+        held = sorted(((int(k) * 1024, name, pid) for name, pid, k in rows), reverse=True)
+        if held:
+            lines["gpu memory"] = ", ".join(f"{name} (pid {pid}) {n / 2**20:.0f} MiB" for n, name, pid in held[:5])
+    return lines

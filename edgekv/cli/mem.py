@@ -75,10 +75,21 @@ def mem(args: argparse.Namespace) -> int:
         source += "; below the smallest context, which loading keeps to"
     print(format_memory_report(memory_report(g, hp, plan, device)))
     print(f"budget from:     {source}")
+    _print_board_memory()
     if refusal is not None:
         print(f"fits:            no: loading refuses it: {refusal}")
         return 1
     return 0
+
+
+def _print_board_memory() -> None:
+    """On a Jetson: the shared RAM, what other processes hold, the GPU's clients (board/jetson.py)."""
+    from ..board.jetson import memory_lines, read_board
+
+    if read_board() is None:
+        return
+    for key, value in memory_lines().items():
+        print(f"{(key + ':').ljust(17)}{value}")
 
 
 def _refusal(g, hp, device) -> str | None:
