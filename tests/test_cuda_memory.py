@@ -181,8 +181,9 @@ def test_a_model_too_large_for_the_gpu_is_a_clear_error_or_with_auto_runs_on_the
     backend = CUDABackend(EmulatedDevice(integrated=False))  # discrete: the weights are uploaded
     driver = backend.device.driver
     driver.capacity = 64 << 10  # 64 KiB of GPU memory
-    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: .* MiB asked, 0 MiB of "
-                                             r"8.0 GiB free; use a smaller model.*--backend cpu"):
+    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: [\d.]+ MiB of the model's "
+                                             r"(weights \(F32 \d+x\d+\)|vectors) asked, 0 MiB of 8.0 GiB free; "
+                                             r"use a smaller model.*--backend cpu"):
         load(path, backend=backend)  # asked for by name: the error
     monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
     monkeypatch.setattr(backends, "_auto", lambda: "cuda")  # a machine whose probe found this GPU usable
@@ -257,9 +258,10 @@ def test_a_jetson_that_cannot_pin_more_memory_says_what_to_try(tiny_model, monke
     path = tiny_model("llama")
     backend = CUDABackend(EmulatedDevice(integrated=True))  # the weights are mapped: registered
     backend.device.driver.register_limit = 0
-    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: [\d.]+ MiB of host memory to "
-                                             r"map for it, \d+ MiB of 8.0 GiB free; available to processes: .*"
-                                             r"-ctk q8_0 -ctv q8_0, or iq4_cal.*--slots.*--backend cpu"):
+    with pytest.raises(GpuOutOfMemory, match=r"GPU \(Emulated GPU\) is out of memory: [\d.]+ MiB of the model's "
+                                             r"weights \(F32 \d+x\d+\) to pin and map for it \(the driver's host "
+                                             r"registration ran out of memory\), \d+ MiB of 8.0 GiB free; available "
+                                             r"to processes: .*-ctk q8_0 -ctv q8_0, or iq4_cal.*--slots.*--backend cpu"):
         load(path, backend=backend)
     monkeypatch.delenv("EDGEKV_BACKEND", raising=False)
     monkeypatch.setattr(backends, "_auto", lambda: "cuda")
@@ -269,7 +271,7 @@ def test_a_jetson_that_cannot_pin_more_memory_says_what_to_try(tiny_model, monke
     capfd.readouterr()
     model = load(path)
     err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "host memory to map for it" in err[0] and err[0].endswith("running on the CPU")
+    assert len(err) == 1 and "to pin and map for it" in err[0] and err[0].endswith("running on the CPU")
     session = model.session(n_ctx=32)
     session.eval([1, 2, 3])
     want = load(path, backend="cpu").session(n_ctx=32)

@@ -182,7 +182,7 @@ class CUDABackend(Backend):
                 for old in self._retired:
                     self.device.free(old)
                 self._retired.clear()
-            buf = self._staging[name] = self.device.alloc(max(nbytes, 256))
+            buf = self._staging[name] = self.device.alloc(max(nbytes, 256), what="a staging buffer")
         return buf
 
     def vector(self, v: np.ndarray, owner: np.ndarray | None = None) -> Buffer:
@@ -194,7 +194,7 @@ class CUDABackend(Backend):
         key = (id(owner), v.ctypes.data, v.nbytes)
         hit = self._vectors.get(key)
         if hit is None or hit[0]() is not owner:
-            buf = self.device.upload(np.ascontiguousarray(v, np.float32), owner=owner)
+            buf = self.device.upload(np.ascontiguousarray(v, np.float32), owner=owner, what="the model's vectors")
             hit = self._vectors[key] = (weakref.ref(owner), buf)
             weakref.finalize(owner, self._vectors.pop, key, None)
         return hit[1]
@@ -244,7 +244,7 @@ class CUDABackend(Backend):
         if ggml_type not in MATVEC:
             raise EdgeKVError(f"the CUDA backend has no kernel for {T(int(ggml_type)).name} weights yet; "
                               f"use --backend cpu")
-        buf = self.device.weights(raw)
+        buf = self.device.weights(raw, what=f"the model's weights ({T(int(ggml_type)).name} {n_rows}x{n_cols})")
         if not buf.mapped and release is not None:
             release(raw)  # uploaded: the file's pages are not needed in RAM any more
         matrix = DeviceMatrix(buf, ggml_type, n_rows, n_cols, row_nbytes(ggml_type, n_cols))

@@ -67,7 +67,8 @@ class RingAttention:
         driver's read-only registration is for read-only mappings such as a GGUF file's)."""
         hit = self._pointers.get(id(a))
         if hit is None or hit[0]() is not a:
-            hit = self._pointers[id(a)] = (weakref.ref(a), self.backend.device.host_pointer(a, read_only=False))
+            hit = self._pointers[id(a)] = (weakref.ref(a), self.backend.device.host_pointer(a, read_only=False,
+                                                                                          what="the KV cache"))
         return hit[1]
 
     def rows(self, a: np.ndarray) -> int:
@@ -109,7 +110,8 @@ class RingAttention:
                 self.backend.recording.broken = "a host array without its device copy yet"
                 return 0
             device = self.backend.device
-            buf = device.upload(a, owner=root) if upload else device.alloc(a.nbytes, owner=root)
+            buf = (device.upload(a, owner=root, what="the KV cache") if upload
+                   else device.alloc(a.nbytes, owner=root, what="the KV cache"))
             hit = self._resident[key] = (weakref.ref(root), buf)
             weakref.finalize(root, self._resident.pop, key, None)
         return hit[1].ptr

@@ -104,15 +104,16 @@ class Device:
 
     # -- memory --------------------------------------------------------------------------------
 
-    def alloc(self, nbytes: int, owner: object = None) -> Buffer:
+    def alloc(self, nbytes: int, owner: object = None, what: str = "device memory") -> Buffer:
         """Device memory, given back when `owner` goes (None: when the Device closes).
-        GpuOutOfMemory, saying what was asked and what is free, where it does not fit."""
+        GpuOutOfMemory, saying what was asked (`what`: for what) and what is free, where it does
+        not fit."""
         try:
             ptr = self.driver.alloc(nbytes)
         except CudaError as exc:
             if exc.code != ERROR_OUT_OF_MEMORY:
                 raise
-            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB asked") from None
+            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB of {what} asked") from None
         buf = Buffer(ptr, nbytes)
         self._owned[buf.ptr] = buf
         if owner is not None:
@@ -140,18 +141,18 @@ class Device:
         only queues the buffer for the next synchronize)."""
         weakref.finalize(owner, self._dead.append, buf)
 
-    def upload(self, array: np.ndarray, owner: object = None) -> Buffer:
+    def upload(self, array: np.ndarray, owner: object = None, what: str = "device memory") -> Buffer:
         a = np.ascontiguousarray(array)
-        buf = self.alloc(a.nbytes, owner)
+        buf = self.alloc(a.nbytes, owner, what)
         self.driver.to_device(buf.ptr, a, a.nbytes, self.stream)
         self.synchronize()  # `a` may be a temporary
         return buf
 
-    def map(self, array: np.ndarray, read_only: bool = True) -> Buffer:
+    def map(self, array: np.ndarray, read_only: bool = True, what: str = "host memory") -> Buffer:
         """array (kept alive by the buffer) as device memory without a copy (host_pointer)."""
-        return Buffer(self.host_pointer(array, read_only), array.nbytes, mapped=True, host=array)
+        return Buffer(self.host_pointer(array, read_only, what), array.nbytes, mapped=True, host=array)
 
-    def host_pointer(self, array: np.ndarray, read_only: bool = True) -> int:
+    def host_pointer(self, array: np.ndarray, read_only: bool = True, what: str = "host memory") -> int:
         """The device address of a host array, its memory registered on first use. What is
         registered: the whole file mapping a GGUF tensor lies in (once per file), else the
         array's own pages, so it must own them (arrays.page_aligned): two registrations may
@@ -168,7 +169,8 @@ class Device:
         except CudaError as exc:  # on a Jetson, NvMap could not pin the pages (ENOMEM)
             if exc.code != ERROR_OUT_OF_MEMORY:
                 raise
-            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB of host memory to map for it") from None
+            raise self._out_of_memory(f"{nbytes / 2**20:.1f} MiB of {what} to pin and map for it "
+                                      "(the driver's host registration ran out of memory)") from None
         self._registered.append((start, start + nbytes, dptr))
         # unregistered when the memory goes (a new mapping may take its addresses)
         weakref.finalize(owner, self._unregister, start)
@@ -180,7 +182,7 @@ class Device:
             self._registered.remove(entry)
             self.driver.unregister_host(start)
 
-    def weights(self, array: np.ndarray, owner: object = None) -> Buffer:
+    def weights(self, array: np.ndarray, owner: object = None, what: str = "the model's weights") -> Buffer:
         """Weights as the device should hold them: mapped where the GPU shares the host's
         memory (one copy in RAM, as `edgekv mem` counts it), uploaded to a discrete GPU (and
         given back when `owner` goes). A GGUF file's pages are mapped read-only, so mapping
@@ -191,10 +193,10 @@ class Device:
                 self._copying("this GPU cannot register read-only host memory")
             else:
                 try:
-                    return self.map(array)
+                    return self.map(array, what=what)
                 except CudaError as exc:  # a driver that will not register this memory: one copy more
                     self._copying(str(exc))
-        return self.upload(array, owner)
+        return self.upload(array, owner, what)
 
     def _copying(self, why: str) -> None:
         if not self._said_copying:
