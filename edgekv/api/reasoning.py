@@ -64,7 +64,7 @@ class ReasoningSplitter:
             return "", self._release("content", len(self.held))
         at = self.held.find(self.close)
         if at < 0:  # hold back what may be the start of the closing tag
-            return self._release("reasoning", len(self.held) - _partial_suffix(self.held, self.close)), ""
+            return self._release("reasoning", len(self.held) - partial_suffix(self.held, self.close)), ""
         reasoning = self._release("reasoning", at)
         self.held, self.state = self.held[len(self.close):], "content"
         return reasoning, self._release("content", len(self.held))
@@ -90,7 +90,7 @@ class ReasoningSplitter:
         return "", self._release("content", len(self.held))
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of text that is a start of tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

@@ -15,6 +15,8 @@ from typing import Any
 
 import regex
 
+from .reasoning import partial_suffix
+
 HEAD = regex.compile(r"(<tool_call>\s*)?<function=([^>\n]*)>")
 _CLOSE = {"<": regex.compile(r"\s*</function>\s*</tool_call>"), "": regex.compile(r"\s*</function>")}
 _VALUE_END = "\n</parameter>"
@@ -67,7 +69,7 @@ class XmlCall:
         """The pieces of a string value not complete yet: the key first, then the value's text
         so far, but for an end that may be the start of its closing tag."""
         value = body[1:] if body.startswith("\n") else body
-        held = next((n for n in range(min(len(_VALUE_END), len(value)), 0, -1) if value.endswith(_VALUE_END[:n])), 0)
+        held = partial_suffix(value, _VALUE_END)
         ready, pieces = value[:len(value) - held], []
         if self._streaming != key:
             self._streaming, self._value_sent = key, 0

@@ -128,7 +128,7 @@ class PowerMeter:
 
     def start(self) -> None:
         self._samples, self._stop = [], threading.Event()
-        self._start = (self.clock(), [sysfs.read_int(path) or 0 for _, path, _ in self._counters])
+        self._start = (self.clock(), self._energies())
         if self._watts is not None:
             self.sample()
             self._thread = threading.Thread(target=self._run, name="edgekv-power", daemon=True)
@@ -137,6 +137,10 @@ class PowerMeter:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
+
+    def _energies(self) -> list[int]:
+        """The RAPL counters now, microjoules."""
+        return [sysfs.read_int(path) or 0 for _, path, _ in self._counters]
 
     def stop(self) -> Reading:
         if self._thread is not None:
@@ -147,8 +151,7 @@ class PowerMeter:
         t0, energies = self._start
         seconds = self.clock() - t0
         if self._counters:  # microjoules counted, each counter wrapping at its range
-            joules = sum(((sysfs.read_int(path) or 0) - e0) % span for (_, path, span), e0
-                         in zip(self._counters, energies)) / 1e6
+            joules = _counted(self._counters, energies, self._energies())
             return Reading(self.source, seconds, joules)
         watts, joules = average_power(self._samples)
         span = self._samples[-1][0] - self._samples[0][0] if len(self._samples) > 1 else 0.0
@@ -185,7 +188,7 @@ class PowerMonitor:
         """One reading now, added to the energy."""
         m, now = self.meter, self.meter.clock()
         if m._counters:
-            value: float | list[int] = [sysfs.read_int(path) or 0 for _, path, _ in m._counters]
+            value: float | list[int] = m._energies()
         else:
             value = m._watts() if m._watts is not None else None
             if value is None:
@@ -194,7 +197,7 @@ class PowerMonitor:
             if self._last is not None:
                 t0, before = self._last
                 if m._counters:
-                    added = sum((e1 - e0) % span for (_, _, span), e0, e1 in zip(m._counters, before, value)) / 1e6
+                    added = _counted(m._counters, before, value)
                     self.watts = added / (now - t0) if now > t0 else self.watts
                 else:
                     added = (now - t0) * (before + value) / 2
@@ -202,3 +205,8 @@ class PowerMonitor:
             if not m._counters:
                 self.watts = value
             self._last = (now, value)
+
+
+def _counted(counters: list[tuple[str, Path, int]], before: list[int], after: list[int]) -> float:
+    """Joules the RAPL counters counted from `before` to `after` (each wrapping at its range)."""
+    return sum((e1 - e0) % span for (_, _, span), e0, e1 in zip(counters, before, after)) / 1e6
