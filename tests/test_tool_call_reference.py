@@ -76,16 +76,21 @@ def _outputs():
             yield pytest.param(case, i, output, result, id=f"{case['template'].removesuffix('.jinja')}-{i}")
 
 
-def read(case: dict, text: str, partial: bool) -> tuple[str, str, list[tuple[str, str, str]]]:
+def read(case: dict, text: str, partial: bool, piece: int = 0) -> tuple[str, str, list[tuple[str, str, str]]]:
     """(reasoning, content, [(name, arguments, id)]) as create_chat_completion reads `text`
-    (streamed and cut short where partial: the calls begun so far, with their arguments so far)."""
+    (streamed and cut short where partial: the calls begun so far, with their arguments so far;
+    piece: streamed in pieces of that many characters, else at once)."""
     template = (Path(__file__).parent / "reference" / "chat_templates" / case["template"]).read_text()
     calling = ToolCalling(case["tools"], "auto", template, case["parallel"])
     splitter = reasoning.ReasoningSplitter(reasoning.opened_by(case["llama_cpp"]["prompt"], calling.thinking[0]),
                                            calling.thinking)
-    thought, rest = splitter.push(text) if partial else splitter.whole(text)
-    reader = calling.reader()
-    deltas = reader.push(rest) + ([] if partial else reader.finish("stop")[0])
+    reader, thought, deltas = calling.reader(), "", []
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)] if piece else [text]
+    for i, chunk in enumerate(pieces):
+        r, rest = splitter.whole(chunk) if i == len(pieces) - 1 and not partial else splitter.push(chunk)
+        thought += r
+        deltas += reader.push(rest)
+    deltas += [] if partial else reader.finish("stop")[0]
     content, calls = "", {}
     for delta in deltas:
         content += delta.get("content", "")
@@ -151,21 +156,6 @@ def test_a_stream_cut_anywhere_carries_the_whole_answer(case):
     """Each whole output streamed one character at a time (every cut a stream can see) gives
     the same reasoning, content and calls as the output read whole."""
     for output in (o for o in case["outputs"] if not o.get("partial")):
-        text = output["text"]
-        whole = read(case, text, partial=False)
-        template = (Path(__file__).parent / "reference" / "chat_templates" / case["template"]).read_text()
-        calling = ToolCalling(case["tools"], "auto", template, case["parallel"])
-        splitter = reasoning.ReasoningSplitter(reasoning.opened_by(case["llama_cpp"]["prompt"], calling.thinking[0]),
-                                               calling.thinking)
-        reader, thought, deltas = calling.reader(), "", []
-        for i, c in enumerate(text):
-            r, rest = splitter.whole(c) if i == len(text) - 1 else splitter.push(c)
-            thought += r
-            deltas += reader.push(rest)
-        deltas += reader.finish("stop")[0]
-        content = "".join(d.get("content", "") for d in deltas)
-        calls = {}
-        for d in (t for delta in deltas for t in delta.get("tool_calls", ())):
-            calls.setdefault(d["index"], [d.get("function", {}).get("name"), ""])[1] += d["function"].get("arguments", "")
-        assert (thought, content) == whole[:2], text
-        assert [tuple(c) for c in calls.values()] == [(n, a) for n, a, _ in whole[2]], text
+        (thought, content, calls), whole = read(case, output["text"], False, piece=1), read(case, output["text"], False)
+        assert (thought, content) == whole[:2], output["text"]
+        assert [c[:2] for c in calls] == [c[:2] for c in whole[2]], output["text"]  # (the ids are new ones)
