@@ -2,7 +2,8 @@
 
 The public surface: `Llama` (llama-cpp-python's high-level API), `load` (one model, many
 sessions: `edgekv.load("smollm2-135m-instruct").session(n_ctx=1024)`, see the README),
-`stream_generate` (a session and a prompt -> a `GenerationStep` per token), and the
+`stream_generate` (a session and a prompt -> a `GenerationStep` per token), the drafters of
+speculative decoding (`PromptLookupDecoding`, `DraftModel`: `Llama(..., draft_model=...)`), and the
 exceptions, all under `EdgeKVError`. Everything else is importable from
 its module but not promised to stay put.
 
@@ -35,15 +36,17 @@ if TYPE_CHECKING:
     from .api.llama_state import LlamaState
     from .generate import GenerationStep, stream_generate
     from .loader import Model, load
+    from .speculative import DraftModel, PromptLookupDecoding
 
 
 _LAZY = {"Llama": "api.facade", "LlamaState": "api.llama_state", "Model": "loader", "load": "loader",
-         "stream_generate": "generate", "GenerationStep": "generate"}
+         "stream_generate": "generate", "GenerationStep": "generate", "DraftModel": "speculative",
+         "PromptLookupDecoding": "speculative"}
 
 __all__ = [
-    "ChatTemplateError", "ContextFullError", "EdgeKVError", "GGUFError", "GenerationStep", "Llama", "LlamaState",
-    "Model", "ModelNotFoundError", "NumericalError", "TokenizerError", "UnsupportedModelError", "__version__", "load",
-    "stream_generate",
+    "ChatTemplateError", "ContextFullError", "DraftModel", "EdgeKVError", "GGUFError", "GenerationStep", "Llama",
+    "LlamaState", "Model", "ModelNotFoundError", "NumericalError", "PromptLookupDecoding", "TokenizerError",
+    "UnsupportedModelError", "__version__", "load", "stream_generate",
 ]
 
 

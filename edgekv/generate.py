@@ -21,11 +21,14 @@ import numpy as np
 
 from .sampling import Sampler, log_softmax, sampler_for, with_banned
 from .session import Session
+from .speculative import Speculation, as_speculation, speculative_step
 
 
 def generate_step(session: Session | Callable[[], Session], sampler: Sampler, prompt: Sequence[int] = (), *,
                   evaluate: Callable[[list[int]], Any] | None = None,
-                  stopping_criteria: Callable[[np.ndarray, np.ndarray], bool] | None = None) -> Iterator[int]:
+                  stopping_criteria: Callable[[np.ndarray, np.ndarray], bool] | None = None,
+                  draft: Speculation | None = None,
+                  record: Callable[[int, np.ndarray], None] | None = None) -> Iterator[int]:
     """Evaluate prompt (reusing what the session already holds of it; empty: continue from
     the session's last token), then yield sampled ids without end: the caller stops.
 
@@ -34,11 +37,17 @@ def generate_step(session: Session | Callable[[], Session], sampler: Sampler, pr
     evaluated after the yielded id (llama-cpp-python's generate). session: a Session, or a
     function returning the current one (the facade's is replaced when its context grows);
     evaluate(ids) replaces session.eval (the facade records scores there);
-    stopping_criteria(ids, logits) ends the generation before a token is yielded."""
+    stopping_criteria(ids, logits) ends the generation before a token is yielded.
+    draft: speculative decoding (speculative/): the same ids, drafted and verified several
+    at a time; record(at, rows) then receives the logits of the verified tokens it keeps."""
     current = session if callable(session) and not isinstance(session, Session) else (lambda: session)
     evaluate = evaluate or (lambda ids: current().eval(ids))
     if prompt:
         current().prefill(list(prompt))
+    if draft is not None:
+        yield from speculative_step(current, sampler, draft.drafter, evaluate=evaluate, length=draft.length,
+                                    stopping_criteria=stopping_criteria, record=record, counts=draft.counts)
+        return
     while True:
         s = current()
         logits = s.logits
@@ -65,7 +74,8 @@ class GenerationStep:
 
 def stream_generate(model, session: Session, prompt: Sequence[int], *, max_tokens: int | None = 256,
                     sampler: Sampler | None = None, stop_ids: Sequence[int] = (), ignore_eos: bool = False,
-                    logprobs: bool = False, **sampling: Any) -> Iterator[GenerationStep]:
+                    logprobs: bool = False, draft: Speculation | None = None,
+                    **sampling: Any) -> Iterator[GenerationStep]:
     """Generate after prompt (token ids; reusing what the session holds of them) in session,
     a GenerationStep per token.
 
@@ -75,7 +85,9 @@ def stream_generate(model, session: Session, prompt: Sequence[int], *, max_token
     The last step has a finish_reason: "stop" when an end token came (it is not yielded as
     text and not evaluated), "length" after max_tokens (None: no limit). logprobs: fill
     each step's logprob (a softmax over the vocabulary: 3.5 ms a token for gemma3's 262k
-    ids on this project's CPUs, so only on request; None otherwise)."""
+    ids on this project's CPUs, so only on request; None otherwise). draft: speculative
+    decoding (a speculative.Speculation; default the model's own, `load(..., draft=...)`):
+    the same tokens, several verified per pass."""
     end = set(stop_ids) | set(model.tokenizer.eog_ids)
     if sampler is None:
         sampling.setdefault("temp", sampling.pop("temperature", 0.8))
@@ -86,7 +98,7 @@ def stream_generate(model, session: Session, prompt: Sequence[int], *, max_token
         end = set()
     detokenizer = model.tokenizer.detokenizer(skip_special=True)
     t0, n_before = time.perf_counter(), session.n_evaluated
-    steps = generate_step(session, sampler, prompt)
+    steps = generate_step(session, sampler, prompt, draft=as_speculation(draft or getattr(model, "draft", None), model))
     prompt_tokens, prompt_s, n = 0, 0.0, 0
     try:
         for token in steps:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .backends import Backend, cpu_instead, get_backend
 from .catalog import resolve_model
-from .errors import GpuCannotRun
+from .errors import EdgeKVError, GpuCannotRun
 from .gguf.reader import GGUFFile
 from .kernels.jit_cache import kernels_cached
 from .kv import fit
@@ -47,6 +47,7 @@ class Model:
                         "`edgekv warmup` does it ahead, once per install")
         self.path = str(path)
         self._fingerprint: str | None = None
+        self.draft: Model | None = None  # a draft model for speculative decoding (load's draft=)
         numba_start = _start_numba_in_background()
         with _gc_paused():
             self.gguf = GGUFFile(self.path)
@@ -170,7 +171,41 @@ def check_host_memory(g: GGUFFile, hp, device, enforce: bool = True) -> int | No
     return None if free is None else free.bytes + min(held, fit.RUNTIME_BYTES)
 
 
-def load(model: str | os.PathLike, backend: Backend | str | None = None) -> Model:
+def load(model: str | os.PathLike, backend: Backend | str | None = None,
+         draft: str | os.PathLike | None = None) -> Model:
     """Load a model from a GGUF path or a catalog name (fetched on first use), onto backend
-    (a name from edgekv.backends.BACKENDS, "auto", or None: EDGEKV_BACKEND, default auto)."""
-    return Model(resolve_model(model), backend)
+    (a name from edgekv.backends.BACKENDS, "auto", or None: EDGEKV_BACKEND, default auto).
+    draft: a smaller model of the same vocabulary (path or catalog name), loaded beside it as
+    `Model.draft`: stream_generate then decodes speculatively (speculative/)."""
+    target = Model(resolve_model(model), backend)
+    if draft is not None:
+        target.draft = Model(resolve_model(draft), backend)
+        check_same_vocabulary(target, target.draft)
+    return target
+
+
+# llama.cpp's speculative decoding accepts a draft whose vocabulary is this much smaller or
+# larger (padding of the output matrix); every token both have must be the same token
+VOCAB_SIZE_SLACK = 128
+VOCAB_CHECK_FROM = 5  # and compares the tokens from this id on (the first are control tokens a family varies)
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """Raise EdgeKVError naming the first token where two models' vocabularies differ (or
+    their sizes, beyond VOCAB_SIZE_SLACK): a draft must speak the target's ids."""
+    a = list(target.gguf.get("tokenizer.ggml.tokens", []))
+    b = list(draft.gguf.get("tokenizer.ggml.tokens", []))
+    if not a or not b:
+        raise EdgeKVError("a draft model needs both models' token lists (tokenizer.ggml.tokens)")
+    if abs(len(a) - len(b)) > VOCAB_SIZE_SLACK or abs(target.hp.n_vocab - draft.hp.n_vocab) > VOCAB_SIZE_SLACK:
+        raise EdgeKVError(f"the draft model's vocabulary has {len(b)} tokens, the target's {len(a)}: "
+                          "a draft must come from the same model family (same tokenizer)")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y and i >= VOCAB_CHECK_FROM:
+            raise EdgeKVError(f"the draft model's token {i} is {y!r}, the target's is {x!r}: a draft must come from "
+                              "the same model family (same tokenizer)")
+    for name in ("bos_id", "eos_id"):
+        if getattr(target.tokenizer, name) != getattr(draft.tokenizer, name):
+            raise EdgeKVError(f"the draft model's {name} differs from the target's: a draft must use the same "
+                              "special tokens")
+

@@ -19,7 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .backends.kernel_map import BATCH_MIN_TOKENS
 from .kv.cache import KeyMap, KVCache
+from .kv.drafts import reserve_draft, settle
 from .kv.growth import copy_into
 from .kv.overflow import overflow_policy
 from .errors import ContextFullError, EdgeKVError, NumericalError
@@ -136,6 +138,7 @@ class Session:
         # who runs this session's forward passes: None = the calling thread; the server's
         # StepScheduler batches the decode steps of its sessions (server/scheduler.py)
         self.runner = None
+        self._draft: tuple | None = None  # a verify pass awaiting `settle`: (DraftMark, ids, logits)
 
     @property
     def n_ctx(self) -> int:
@@ -163,6 +166,7 @@ class Session:
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n_tokens tokens; logits are gone until the next evaluation."""
         n_tokens = max(0, min(n_tokens, len(self.tokens)))
+        self._check_settled()
         with Uninterrupted():
             self.cache.truncate(n_tokens)
             del self.tokens[n_tokens:]
@@ -176,6 +180,7 @@ class Session:
         error or interrupt the session keeps the tokens of the chunks that completed.
         """
         ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        self._check_settled()
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
             bad = int(ids[(ids < 0) | (ids >= self.n_vocab)][0])
             raise EdgeKVError(f"token id {bad} is out of range for a vocabulary of {self.n_vocab}")
@@ -258,6 +263,64 @@ class Session:
             self.tokens.extend(int(t) for t in chunk)
             self.n_evaluated += chunk.size
             self._has_logits = True
+
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Evaluate ids (a sampled token and the drafts after it: speculative.py) in one pass,
+        every row as a decode step computes it, bit for bit (Backend.independent_rows), and
+        return their logits f32[len(ids), n_vocab]; nothing is part of the session until
+        `settle(n)` keeps the first n and forgets the rest exactly (kv/drafts.py). The ids must
+        fit the free room of the context (no overflow policy runs for drafts) in one chunk
+        shorter than the batch path's (kernel_map.BATCH_MIN_TOKENS)."""
+        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        self._check_settled()
+        if not 1 <= ids.size <= self.max_verify() or not self.n_tokens:
+            raise EdgeKVError(f"cannot verify {ids.size} tokens after {self.n_tokens}: at most {self.max_verify()}, "
+                              "after at least one evaluated token")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise EdgeKVError(f"token ids must be in 0..{self.n_vocab - 1}")
+        logits = np.empty((ids.size, self.n_vocab), np.float32)
+        rows = np.arange(ids.size)
+        with Uninterrupted() as bookkeeping:
+            mark = reserve_draft(self.cache, ids.size)
+            kind = (self.cache.type_k, self.cache.type_v, "verify")
+            ran = _PASSES_RUN.setdefault(self.model, set())
+            try:
+                with bookkeeping.interruptible() if kind in ran else contextlib.nullcontext():
+                    with self.model.backend.independent_rows():
+                        self.model.backend.run(self.model, ids, self.cache, mark.res, self.scratch, rows, logits)
+                ran.add(kind)
+            except BaseException:
+                settle(self.cache, mark, 0)
+                raise
+            self._draft = (mark, ids, logits)
+            self.n_evaluated += ids.size
+        return logits
+
+    def max_verify(self) -> int:
+        """The most tokens one `verify` pass takes now: the free room, one short chunk."""
+        return max(0, min(self.n_ctx - self.n_tokens, self.n_batch, BATCH_MIN_TOKENS - 1))
+
+    def settle(self, n_kept: int) -> None:
+        """End the pending verify pass: its first n_kept tokens join the session with the
+        logits after the last of them, the others leave no trace (0: as if it never ran).
+        A kept row whose logits are not finite raises NumericalError, keeping those before it."""
+        mark, ids, logits = self._draft
+        bad = np.flatnonzero(~np.isfinite(logits[:n_kept]).all(axis=1))
+        kept = int(bad[0]) if bad.size else n_kept
+        with Uninterrupted():
+            settle(self.cache, mark, kept)
+            self._draft = None
+            self.tokens.extend(int(t) for t in ids[:kept])
+            if kept:
+                self._last_logits[0] = logits[kept - 1]
+                self._has_logits = True
+        if bad.size:
+            raise NumericalError("the model produced NaN or infinite logits; the input was not added to the "
+                                 f"session: {self.model.explain_non_finite()}")
+
+    def _check_settled(self) -> None:
+        if self._draft is not None:
+            raise EdgeKVError("a verify pass is waiting to be settled (Session.settle) before the session changes")
 
     def _remember_end(self, n_tokens: int, row: np.ndarray) -> None:
         if len(self._ends) >= MAX_ENDS:

@@ -62,6 +62,8 @@ class CompletionsMixin:
             return None if recorder is None else recorder.release(n_chars)
 
         stream = self._generate(tokens, sampler, True, criteria)
+        spec = None if self._speculation is None else self._speculation.counts
+        drafted = (0, 0) if spec is None else (spec.drafted, spec.accepted)
         try:
             if limit <= 0:  # the prompt fills the context: evaluate it, generate nothing
                 self._prefill(tokens)
@@ -87,6 +89,8 @@ class CompletionsMixin:
         finally:
             stream.close()
             stats.gen_s = time.perf_counter() - t0 - stats.prompt_eval_s
+            if spec is not None:
+                stats.draft_n, stats.draft_n_accepted = spec.drafted - drafted[0], spec.accepted - drafted[1]
         tail, hit_at_end = ("", False) if hit else text.finish()
         # tokens after a stop string's start are not part of the answer: their log-probs go too
         yield tail, "stop" if hit_at_end else finish, released(n_emitted + len(tail) if hit or hit_at_end else None)

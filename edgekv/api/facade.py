@@ -30,6 +30,7 @@ import numpy as np
 from ..kv.plan import KVPlan
 from ..errors import EdgeKVError
 from ..generate import generate_step
+from ..speculative import DraftModel, as_speculation
 from ..loader import load
 from ..sampling import LogitsProcessor, Sampler, sampler_for
 from ..session import Session
@@ -54,7 +55,7 @@ class Llama(CompletionsMixin, StateMixin):
                  cache_type_k: str = "f16", cache_type_v: str = "f16", chat_format: str | None = None,
                  context_shift: str = "none", n_keep: int = 0, n_discard: int = 0,
                  layer_windows: dict[int, int] | str | None = None, mem_budget: int | str | None = None,
-                 backend: str | None = None, **options: Any):
+                 backend: str | None = None, draft_model: Any = None, **options: Any):
         """Load `model_path` (a GGUF path or a catalog name).
 
         n_ctx: tokens the context holds. "auto" (also None): planned from the input of the
@@ -77,7 +78,10 @@ class Llama(CompletionsMixin, StateMixin):
         n_gpu_layers (llama-cpp-python's), with backend auto: 0 keeps the model on the CPU;
         nonzero asks for the GPU, and where CUDA cannot run, one line on stderr says why and
         the model runs on the CPU (offload is whole-model: a value below the layer count
-        offloads them all, saying so in one line); unset: auto."""
+        offloads them all, saying so in one line); unset: auto.
+        draft_model: speculative decoding (edgekv.speculative): PromptLookupDecoding(...)
+        (llama-cpp-python's LlamaPromptLookupDecoding works too), DraftModel("small.gguf",
+        n_draft=8), a path to a draft GGUF, or any LlamaDraftModel; the same tokens, faster."""
         n_gpu_layers = options.pop("n_gpu_layers", None)
         backend = offload_choice(backend, n_gpu_layers)
         check_options(options)
@@ -100,6 +104,9 @@ class Llama(CompletionsMixin, StateMixin):
         self.metadata = {k: str(v) for k, v in self._model.gguf.metadata.items()
                          if not isinstance(v, (list, tuple, np.ndarray))}
         self.last_stats = GenerationStats()
+        if isinstance(draft_model, (str, os.PathLike)):
+            draft_model = DraftModel(draft_model, backend=backend)
+        self._speculation = as_speculation(draft_model, self._model)
 
     def fork(self, runner: Any = None) -> "Llama":
         """Another conversation on the same loaded model: a Llama that shares the weights,
@@ -110,6 +117,7 @@ class Llama(CompletionsMixin, StateMixin):
         other._ctx = self._ctx.fork(runner)
         other._scores = np.empty((0, self.n_vocab()), np.float32)
         other.last_stats = GenerationStats()
+        other._speculation = None if self._speculation is None else self._speculation.fork()
         return other
 
     # -- the context plan --------------------------------------------------------------------
@@ -260,7 +268,8 @@ class Llama(CompletionsMixin, StateMixin):
         elif tokens:
             self.eval(tokens)
         yield from generate_step(lambda: self._session, sampler, evaluate=self.eval,
-                                 stopping_criteria=stopping_criteria)
+                                 stopping_criteria=stopping_criteria, draft=self._speculation,
+                                 record=self._store_scores if self.logits_all else None)
 
     def kv_status(self) -> dict[str, Any]:
         """The KV cache at a glance, for status lines (read-only): n_tokens, n_ctx, n_keep,

@@ -34,6 +34,9 @@ class GenerationStats:
     prompt_eval_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
+    # speculative decoding (None without): tokens drafted, and of those the ones the model kept
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
     @property
     def prompt_cached(self) -> int:
@@ -47,6 +50,13 @@ class GenerationStats:
     @property
     def gen_tokens_per_s(self) -> float:
         return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+    def draft_summary(self, lead: str = "") -> str:
+        """'drafted N, accepted M (x%)' after lead, or "" without speculative decoding."""
+        if self.draft_n is None:
+            return ""
+        share = f" ({100 * self.draft_n_accepted / self.draft_n:.0f}%)" if self.draft_n else ""
+        return f"{lead}drafted {self.draft_n}, accepted {self.draft_n_accepted}{share}"
 
 
 class StopText:

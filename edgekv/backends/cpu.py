@@ -23,8 +23,8 @@ from ..kernels.attention_sessions import attention_f16_sessions
 from ..kernels.config import max_threads
 from ..kernels.ggml_math import gelu_f16_table
 from ..kernels.matvec import QuantMatrix, quantize_chunk, thread_scratch
-from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, rms_norm, rms_norm_heads, rope_apply,
-                           rope_apply_qk, rope_tables, silu_mul, softcap_inplace)
+from ..kernels.ops import (add_bias, add_inplace, add_rms_norm, gelu_mul, normalize_rows, rms_norm, rms_norm_heads,
+                           rope_apply, rope_apply_qk, rope_tables, silu_mul, softcap_inplace)
 from ..kernels.quantize import store_rows, store_rows_kv
 from ..kernels.row_stack import RowStack, stack_of
 from . import kernel_map, pack_store
@@ -178,9 +178,10 @@ class CPUBackend(Backend):
         if ck.key_scale is not None:  # a calibrated K type (kv/key_map.KeyMap)
             map_keys(k, ck.key_mean, ck.key_scale)
             map_queries(q, ck.key_scale)
-        rotate(q, ck.rotation)  # quantized caches store rotated K and V (kv/cache.py)
-        rotate(k, ck.rotation)
-        rotate(v, cv.rotation)
+        turn = self._rotate_rows if self.rows_independent else rotate
+        turn(q, ck.rotation)  # quantized caches store rotated K and V (kv/cache.py)
+        turn(k, ck.rotation)
+        turn(v, cv.rotation)
         store_rows_kv(k, v, ck.ggml_type, cv.ggml_type, slots, layer.k, layer.v, np.float32(ck.limit),
                       np.float32(cv.limit), thread_scratch("kv_row", max(k.shape[2], v.shape[2])))
         sinks = _NO_SINKS if ck.sink_k is None else ck.sink_k
@@ -205,15 +206,20 @@ class CPUBackend(Backend):
                                                     scores, probs, lanes, out)
             elif f16:
                 attention_f16(q, positions, layer.k.view(np.uint16), layer.v.view(np.uint16), layer.slot_pos,
-                              layer.n_slots, layer.window, np.float32(scale), scores, pv, out)
+                              layer.n_slots, layer.window, np.float32(scale), scores, pv, out, self.rows_independent)
             else:
                 attention_rows(q, positions, layer.k, layer.v, ck.ggml_type, cv.ggml_type, layer.slot_pos,
                                layer.n_slots, layer.window, np.float32(scale), scores, scratch.kv_rows, out, sinks)
             if layer.attn_mass is not None:  # the kernels leave each row's softmax numerators
-                weights = scores[: n * q.shape[1], : layer.n_slots]
-                weights = (weights / weights.sum(axis=1, keepdims=True)).reshape(n, k.shape[1], -1, layer.n_slots)
-                layer.attn_mass[:, : layer.n_slots] += weights.sum(axis=(0, 2))
-        rotate(out, cv.rotation)
+                add_tallies(layer.attn_mass, scores, n, q.shape[1], k.shape[1], layer.n_slots)
+        turn(out, cv.rotation)
+
+    @staticmethod
+    def _rotate_rows(x: np.ndarray, h: np.ndarray | None) -> None:
+        # token by token: BLAS rounds a row of a product differently as the row count changes,
+        # and rows computed as decode steps must rotate as a one-token pass does
+        for t in range(x.shape[0]):
+            rotate(x[t], h)
 
     def attend_batch(self, batch, res, layer, q, k, v, out, scale, scratch) -> None:
         # the sessions whose layer is a plain f16 ring at short depth (the default cache) in one
@@ -245,3 +251,21 @@ class CPUBackend(Backend):
         return {"backend": self.name,
                 "weight kernels": f"{kernel_map.int8dot_name()} (LLVM IR) + portable" if self.use_int8dot
                 else "portable (Numba)"}
+
+
+
+def add_tallies(mass: np.ndarray, scores: np.ndarray, n: int, n_heads: int, n_kv: int, n_slots: int) -> None:
+    """The `keep` tallies of n queries from their softmax numerators (scores f32[>= n * n_heads,
+    >= n_slots], the attention kernels' rows, normalised in place): mass f32[n_kv, cap] gains each slot's weight
+    summed over each KV head's query heads and over the queries. mass f32[n, n_kv, cap] (a
+    verify pass of drafted tokens: kv/cache.py DraftMark) takes each query's own weights, which
+    the cache adds in order, as decode steps add them, once it knows which tokens are kept."""
+    normalize_rows(scores, n * n_heads, n_slots)
+    weights = scores[: n * n_heads, :n_slots].reshape(n, n_kv, -1, n_slots)
+    if mass.ndim == 3:
+        for t in range(n):
+            mass[t, :, :n_slots] = weights[t].sum(axis=1)
+    elif n == 1:  # a decode step: the order the per-query tallies are added in
+        mass[:, :n_slots] += weights[0].sum(axis=1)
+    else:
+        mass[:, :n_slots] += weights.sum(axis=(0, 2))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ContextFullError, EdgeKVError
 from .chat_commands import MULTILINE_HELP, Conversation, run_command, stats_line
+from .speculative import add_speculative_options, speculation_from
 from .common import (add_kv_options, add_model_options, add_sampling_options, json_object, make_llama,
                      sampling_kwargs)
 
@@ -46,6 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                                    "Ctrl-D or the end of input (status 0). Statistics after each answer go "
                                    "to stderr.")
     add_model_options(p, model_required=False)
+    add_speculative_options(p)
     add_kv_options(p, shift_default="shift")
     p.add_argument("-sys", "--system-prompt", default=None, help="system message that opens the conversation")
     p.add_argument("--chat-template-kwargs", type=json_object, default=None, metavar="JSON",
@@ -152,7 +154,7 @@ def save_history(path: Path | None) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..catalog import default_model_name
 
-    llm = make_llama(args, model=args.model or default_model_name())
+    llm = make_llama(args, model=args.model or default_model_name(), draft_model=speculation_from(args))
     style = Style()
     print(style.note(f"context: {llm.plan_line()}"), file=sys.stderr, flush=True)
     interactive = sys.stdin.isatty()

@@ -115,7 +115,7 @@ def stats_line(llm: "Llama") -> str:
     kv = llm.kv_status()
     return (f"[prompt: {s.prompt_eval_tokens} new tokens ({s.prompt_tokens} in all), "
             f"{s.prompt_tokens_per_s:.1f} tokens/s; generation: {s.gen_tokens} tokens, "
-            f"{s.gen_tokens_per_s:.1f} tokens/s; KV {kv['n_tokens']}/{kv['n_ctx']}, "
+            f"{s.gen_tokens_per_s:.1f} tokens/s{s.draft_summary('; ')}; KV {kv['n_tokens']}/{kv['n_ctx']}, "
             f"ring start {kv['start']} cur {kv['cur']}; cache {kv['cache_type_k']}/{kv['cache_type_v']}]")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..api.facade import Llama
@@ -158,14 +158,16 @@ def add_sampling_options(p: argparse.ArgumentParser, n_predict_default: int = -1
                         "full context ends it (for long benchmark and test runs)")
 
 
-def make_llama(args: argparse.Namespace, model: str | None = None) -> "Llama":
+def make_llama(args: argparse.Namespace, model: str | None = None, draft_model: Any = None) -> "Llama":
+    """The Llama the options describe; draft_model: speculative decoding (cli/speculative.py)."""
     from ..api.facade import Llama
 
     return Llama(model or args.model, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads,
                  seed=args.seed if hasattr(args, "seed") else 0, cache_type_k=args.cache_type_k,
                  cache_type_v=args.cache_type_v, context_shift=getattr(args, "context_shift", "none"),
                  n_keep=getattr(args, "keep", 0), layer_windows=getattr(args, "layer_window", None),
-                 mem_budget=getattr(args, "mem_budget", None), backend=args.backend)
+                 mem_budget=getattr(args, "mem_budget", None), backend=args.backend,
+                 draft_model=draft_model)
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:
@@ -185,4 +187,6 @@ def print_stats(stats: "GenerationStats", llm: "Llama") -> None:
     reused = stats.prompt_tokens - stats.prompt_eval_tokens
     print(f"\nprompt eval: {prompt}" + (f" ({reused} reused)" if reused > 0 else ""), file=sys.stderr)
     print(f"generation:  {gen}", file=sys.stderr)
+    if stats.draft_n is not None:
+        print(f"speculative: {stats.draft_summary()}", file=sys.stderr)
     print(f"context:     {fill}", file=sys.stderr, flush=True)

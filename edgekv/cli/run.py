@@ -12,6 +12,7 @@ import re
 import sys
 
 from ..errors import EdgeKVError, StateFileError
+from .speculative import add_speculative_options, speculation_from
 from .common import add_kv_options, add_model_options, add_sampling_options, make_llama, print_stats, sampling_kwargs
 
 # llama.cpp's string_process_escapes: \n \r \t \' \" \\ and \xNN
@@ -26,6 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     source.add_argument("-p", "--prompt", help="the prompt text")
     source.add_argument("-f", "--file", help="read the prompt from this file")
     add_model_options(p)
+    add_speculative_options(p)
     add_kv_options(p, shift_default="none")
     add_sampling_options(p)
     p.add_argument("-e", "--escape", action=argparse.BooleanOptionalAction, default=True,
@@ -91,7 +93,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     grammar = read_grammar(args)  # a bad grammar fails before the model loads
-    llm = make_llama(args)
+    llm = make_llama(args, draft_model=speculation_from(args))
     ids = llm.tokenize(prompt, special=True)
     options = dict(sampling_kwargs(args), grammar=grammar)
     cache = _PromptCache(llm, args.prompt_cache, ids) if args.prompt_cache else None

@@ -14,6 +14,7 @@ import socket
 import sys
 
 from ..errors import EdgeKVError
+from .speculative import add_speculative_options, speculation_from
 from .common import add_kv_options, add_model_options, json_object, make_llama, mem_size, non_negative_int, positive_int
 
 
@@ -26,6 +27,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                                    "cache; --parallel generations run at once, decoded together; idle "
                                    "conversations are spilled to disk when --slots or --kv-budget is full.")
     add_model_options(p)
+    add_speculative_options(p)
     add_kv_options(p, shift_default="none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=non_negative_int, default=8080, help="port, 0 = any free port (default: 8080)")
@@ -68,7 +70,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.port > 65535:
         raise EdgeKVError(f"--port {args.port}: expected 0-65535")
     sock = _listen(args.host, args.port)  # before loading the model: a taken port fails fast
-    llm = make_llama(args)
+    llm = make_llama(args, draft_model=speculation_from(args))
     app = create_app(llm, model_id=os.path.basename(args.model), api_key=args.api_key, max_queue=args.queue, max_body=args.max_body,
                      reasoning_format=args.reasoning_format, chat_template_kwargs=args.chat_template_kwargs,
                      parallel=args.parallel, slots=args.slots, kv_budget=args.kv_budget, spill_dir=args.spill_dir,

@@ -182,18 +182,20 @@ def dot_f16_4reg(q, k_row):
 
 
 @nb.njit(**PARALLEL_FLAGS)
-def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, pv, out):
+def attention_f16(q, q_pos, k_cache, v_cache, slot_pos, n_slots, window, scale, scores, pv, out, one_token=False):
     # q: f32[n, n_heads, hd_k] (rounded to f16 in place); q_pos: i32[n]
     # k_cache: u16[n_kv, cap, hd_k]; v_cache: u16[n_kv, cap, hd_v]; slot_pos: i32[cap] (-1 = empty)
     # scores: f32[>= n * n_heads, >= n_slots]; pv: f32[threads, 4, 16, >= max(hd_v, 64)] scratch
     # out: f32[n, n_heads, hd_v]. Slot s is visible to query t if 0 <= pos <= q_pos[t]
-    # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc).
+    # and (window == 0 or q_pos[t] - pos < window). Arithmetic as llama.cpp's (module doc);
+    # one_token: every query in a lone decode step's order (drafted tokens verified in one pass)
     n, n_heads, hd_k = q.shape
+    chunk_order = n > 1 and not one_token
     group = n_heads // k_cache.shape[0]
     for job in nb.prange(n * n_heads):
         t, h = job // n_heads, job % n_heads
         attend_head(q[t, h], q_pos[t], k_cache[h // group], v_cache[h // group], slot_pos, n_slots, window, scale,
-                    scores[job], pv[nb.get_thread_id()], out[t, h], n > 1)
+                    scores[job], pv[nb.get_thread_id()], out[t, h], chunk_order)
 
 
 @nb.njit(**EXACT_FLAGS)

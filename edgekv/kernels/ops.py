@@ -187,3 +187,17 @@ def softcap_inplace(x, cap):
     for t in range(n):
         for i in range(d):
             x[t, i] = cap * math.tanh(x[t, i] / cap)
+
+
+@nb.njit(**EXACT_FLAGS)
+def normalize_rows(x, n_rows, n_cols):
+    # x: f32[>= n_rows, >= n_cols]: each row's first n_cols values divided by their sum, summed
+    # left to right in float64, so a row's result does not change with zeros after it (a query's
+    # attention tallies come out the same whether its pass scanned more, empty, slots)
+    for r in range(n_rows):
+        total = 0.0
+        for s in range(n_cols):
+            total += x[r, s]
+        if total > 0.0:
+            for s in range(n_cols):
+                x[r, s] = np.float32(x[r, s] / total)

@@ -108,6 +108,9 @@ class KVCache:
         self.rot_v = [rotation_for(kind.quant.block_size > 1, head_dim_v, largest=False) for kind in self.kinds_v]
         # the attention each slot of the full-context layers has received (the `keep` policy's)
         self.tallies = AttentionTallies(n_layers, n_kv_heads, capacity, ring) if track_attention else None
+        # during a verify pass of drafted tokens, each query's tallies apart (kv/drafts.py)
+        self.staging: np.ndarray | None = None
+        self.drafting = False
         # a full-context layer (all of them hold a position in the same slot), which the tallies index
         self.tally_layer = next((i for i, w in enumerate(self.windows) if w == 0), None)
         self._codecs: list[tuple[RowCodec, RowCodec]] = self._make_codecs()
@@ -230,7 +233,9 @@ class KVCache:
     def layer_view(self, layer: int) -> LayerView:
         """What layer `layer` holds, for the backend's attention."""
         codec_k, codec_v = self._codecs[layer]
-        mass = self.tallies.mass[layer] if self.tallies is not None and self.windows[layer] == 0 else None
+        mass = None
+        if self.tallies is not None and self.windows[layer] == 0:
+            mass = self.staging[:, layer] if self.drafting else self.tallies.mass[layer]
         return LayerView(self.k[layer], self.v[layer], self.pos[layer], int(self.used[layer]), self.windows[layer],
                          codec_k, codec_v, mass, self.ring_addresses()[layer], layer)
 

@@ -207,10 +207,13 @@ class _Api:
 def timings(stats: Any) -> dict[str, Any]:
     """llama-server's `timings` of a response: prompt tokens evaluated (prompt_n) and found in
     the conversation's cache (cache_n), generated tokens (predicted_n), and their times."""
-    return dict(cache_n=stats.prompt_cached, prompt_n=stats.prompt_eval_tokens,
-                prompt_ms=round(stats.prompt_eval_s * 1e3, 3), predicted_n=stats.gen_tokens,
-                predicted_ms=round(stats.gen_s * 1e3, 3), prompt_per_second=round(stats.prompt_tokens_per_s, 3),
-                predicted_per_second=round(stats.gen_tokens_per_s, 3))
+    out = dict(cache_n=stats.prompt_cached, prompt_n=stats.prompt_eval_tokens,
+               prompt_ms=round(stats.prompt_eval_s * 1e3, 3), predicted_n=stats.gen_tokens,
+               predicted_ms=round(stats.gen_s * 1e3, 3), prompt_per_second=round(stats.prompt_tokens_per_s, 3),
+               predicted_per_second=round(stats.gen_tokens_per_s, 3))
+    if stats.draft_n is not None:  # speculative decoding: llama-server's fields
+        out.update(draft_n=stats.draft_n, draft_n_accepted=stats.draft_n_accepted)
+    return out
 
 
 async def _first_or_disconnect(job: _Job, request: Request) -> Any:

@@ -1,0 +1,111 @@
+"""How many tokens to draft next, from measured acceptance and measured costs.
+
+On a CPU a verify pass is not free: each extra row costs a share of a decode step (2 Zen 3
+cores, SmolLM2-135M: 2 rows 1.7x one step, 8 rows 4.1x, 16 rows 7.2x; gemma3-270m, whose
+262k-token output matrix is most of a row: 16 rows 6.2x), and a draft model's tokens cost its
+own steps. A draft of k tokens pays off only when the expected output, 1 + a + a^2 + ... + a^k
+tokens for a per-token acceptance a, outweighs its time T(k + 1) + k t_draft against one token
+per T(1). `DraftLength` keeps:
+
+- the acceptance: accepted drafts over tries (a try ends at a rejection), both decayed by
+  DECAY per pass so the estimate follows the text (a quote, then free prose), starting from
+  PRIOR_WEIGHT tries at the drafter's prior rate;
+- the costs: T(n) = a + b n fitted by least squares to the loop's own clocks, plain steps
+  (n = 1) and verify passes (n = k + 1) alike, old points decayed (`PassCost`); and the
+  drafter's seconds per drafted token;
+- the choice: the k in [max(1, n_min), room] with the best expected tokens per second.
+
+When no k beats a plain step, the loop decodes plainly for `backoff` steps (1, 2, 4, ... up
+to MAX_BACKOFF) and then probes with a draft of at most PROBE tokens, so a text that never
+matches wastes at most PROBE rows every MAX_BACKOFF steps (benchmarks/speculative.py
+measures it).
+"""
+
+from __future__ import annotations
+
+DECAY = 0.7  # weight of the past acceptance per verify pass
+PRIOR_WEIGHT = 2.0  # tries the prior counts for
+MAX_BACKOFF = 64  # plain steps between probes at most
+PROBE = 2  # drafted tokens of a probe at most
+COST_DECAY = 0.95  # weight of the past timings per new one
+
+
+class PassCost:
+    """T(n) = a + b n, seconds of a forward pass of n rows, fitted to decayed observations."""
+
+    def __init__(self):
+        self.w = self.sn = self.snn = self.st = self.snt = 0.0
+        self.distinct: set[int] = set()
+
+    def add(self, n: int, seconds: float) -> None:
+        d = COST_DECAY
+        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + n, d * self.snn + n * n
+        self.st, self.snt = d * self.st + seconds, d * self.snt + n * seconds
+        self.distinct.add(n)
+
+    @property
+    def known(self) -> bool:
+        """Both a plain step and a verify pass were timed."""
+        return 1 in self.distinct and len(self.distinct) >= 2
+
+    def __call__(self, n: int) -> float:
+        var = self.snn * self.w - self.sn * self.sn
+        b = max((self.snt * self.w - self.sn * self.st) / var, 0.0) if var > 1e-12 else 0.0
+        a = (self.st - b * self.sn) / self.w
+        return max(a + b * n, 1e-9)
+
+
+class DraftLength:
+    def __init__(self, n_max: int, n_min: int = 0, prior: float = 0.7):
+        self.n_max, self.n_min = max(1, n_max), max(0, n_min)
+        self.hits, self.tries = PRIOR_WEIGHT * prior, PRIOR_WEIGHT
+        self.cost = PassCost()
+        self.t_draft = 0.0  # seconds per drafted token
+        self.skip, self.backoff = 0, 1
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.tries
+
+    def gain(self, k: int) -> float:
+        """Expected tokens per second of drafting k, relative to plain decoding (1.0: even)."""
+        if k == 0 or not self.cost.known:
+            return 1.0
+        a = min(self.acceptance, 0.999)
+        tokens = (1.0 - a ** (k + 1)) / (1.0 - a)
+        return tokens * self.cost(1) / (self.cost(k + 1) + k * self.t_draft)
+
+    def next(self, room: int) -> int:
+        """How many tokens to draft now (0: a plain step); room: the most rows a pass may have."""
+        lo, limit = max(1, self.n_min), min(self.n_max, room - 1)
+        if limit < lo:
+            return 0
+        if self.skip:
+            self.skip -= 1
+            return 0
+        if 1 not in self.cost.distinct:
+            return 0  # a plain step first: the cost everything is measured against
+        if not self.cost.known:
+            return limit  # then a pass, to measure a row
+        best = max(range(lo, limit + 1), key=self.gain)
+        if self.gain(best) > 1.0:
+            self.backoff = 1
+            return best
+        probe = self.backoff > 1  # the skipped steps are over: look again, cheaply
+        self.skip, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
+        return max(lo, min(PROBE, limit)) if probe else 0
+
+    def stepped(self, seconds: float) -> None:
+        """A plain decode step took `seconds`."""
+        self.cost.add(1, seconds)
+
+    def drafted(self, n: int, seconds: float) -> None:
+        """The drafter gave n tokens in `seconds`."""
+        if n:
+            self.t_draft = COST_DECAY * self.t_draft + (1 - COST_DECAY) * seconds / n if self.t_draft else seconds / n
+
+    def verified(self, k: int, accepted: int, seconds: float) -> None:
+        """A pass verified k drafts (k + 1 rows) in `seconds`; the first `accepted` were kept."""
+        self.hits = DECAY * self.hits + accepted
+        self.tries = DECAY * self.tries + accepted + (1 if accepted < k else 0)
+        self.cost.add(k + 1, seconds)
