@@ -1,8 +1,9 @@
 """A session: the tokens of one conversation, their KV cache, and the latest logits.
 
 What lives here: chunked evaluation (prefill in chunks of up to n_batch tokens, decode
-one token at a time) on preallocated buffers, prefix reuse, in-memory snapshots
-(`snapshot` / `restore`, a `SessionState`), and the invariant
+one token at a time) on preallocated buffers, prefix reuse, verify passes of drafted tokens
+(`verify` / `settle`: speculative decoding, kv/drafts.py), in-memory snapshots (`snapshot` /
+`restore`, a `SessionState`: session_state.py), and the invariant
 `cache.n_tokens == len(tokens)` after every call, including one that raised or was
 interrupted (the bookkeeping runs as `Uninterrupted` blocks, so a Ctrl-C lands either
 before or after it). What does not: sampling (sampling.py), text (text/tokenizer.py), the public
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +24,7 @@ from .kv.cache import KeyMap, KVCache
 from .kv.drafts import reserve_draft, settle
 from .kv.growth import copy_into
 from .kv.overflow import overflow_policy
+from .session_state import SessionState, restore_into, snapshot_of
 from .errors import ContextFullError, EdgeKVError, NumericalError
 from .interrupts import Uninterrupted
 from .models.base import KeyShift
@@ -36,53 +37,6 @@ MAX_ENDS = 2  # prompt-end logits a session keeps (see Session._ends)
 # (RuntimeError on the next call, a segfault later: test_interrupts.py found both), so the
 # first pass of each kind runs whole and a Ctrl-C during it acts when it ends.
 _PASSES_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@dataclass(frozen=True)
-class SessionState:
-    """A session's conversation at one moment (`Session.snapshot`); its arrays are read-only copies."""
-
-    tokens: tuple[int, ...]
-    k: tuple[np.ndarray, ...]  # per layer u8[n_kv_heads, cap, row_bytes_k], the cache's K rows
-    v: tuple[np.ndarray, ...]  # per layer u8[n_kv_heads, cap, row_bytes_v], the cache's V rows
-    slot_pos: tuple[np.ndarray, ...]  # per layer i32[cap], the position in each slot (-1: empty)
-    ring: np.ndarray  # i64[2, n_layers]: slots ever used, write pointer of windowed rings
-    cache_types: tuple[str, str]  # (K, V)
-    n_tokens: int
-    n_vocab: int
-    logits: np.ndarray | None  # f32[n_vocab] after the last token, None before any evaluation
-    # a calibrated K type's key map and sink rows (kv/key_map.KeyMap, KVCache.sink_k); None otherwise
-    key_map: KeyMap | None = None
-    sink_k: np.ndarray | None = None
-    # the `keep` policy's tallies by position (KVCache.attention_by_position); else None
-    attention: np.ndarray | None = None  # f32[n_layers, n_kv_heads, n_tokens]
-    attention_seen: np.ndarray | None = None  # f32[n_tokens]
-
-    @property
-    def n_ctx(self) -> int:
-        return max(p.shape[0] for p in self.slot_pos)
-
-
-def _geometry(k: Sequence[np.ndarray], v: Sequence[np.ndarray], n_vocab: int) -> dict[str, int]:
-    """What a state and the session restoring it must agree on, named as the hyperparameters
-    (row_bytes: head size times the cache type's bytes per value)."""
-    return dict(n_layers=len(k), n_kv_heads=k[0].shape[0], n_ctx=max(a.shape[1] for a in k),
-                layer_capacities=tuple(a.shape[1] for a in k), row_bytes_k=k[0].shape[2],
-                row_bytes_v=v[0].shape[2], n_vocab=n_vocab)
-
-
-def _frozen_copy(a: np.ndarray) -> np.ndarray:
-    a = a.copy()
-    a.flags.writeable = False
-    return a
-
-
-def _tallies(cache: KVCache) -> dict[str, np.ndarray]:
-    """A `keep` cache's attention tallies as SessionState fields (none for other caches)."""
-    if cache.tallies is None:
-        return {}
-    mass, seen = cache.attention_by_position()
-    return dict(attention=_frozen_copy(mass), attention_seen=_frozen_copy(seen))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -286,8 +240,11 @@ class Session:
             ran = _PASSES_RUN.setdefault(self.model, set())
             try:
                 with bookkeeping.interruptible() if kind in ran else contextlib.nullcontext():
-                    with self.model.backend.independent_rows():
-                        self.model.backend.run(self.model, ids, self.cache, mark.res, self.scratch, rows, logits)
+                    if self.runner is not None:
+                        self.runner.forward(self, ids, mark.res, rows, logits, as_steps=True)
+                    else:
+                        with self.model.backend.independent_rows():
+                            self.model.backend.run(self.model, ids, self.cache, mark.res, self.scratch, rows, logits)
                 ran.add(kind)
             except BaseException:
                 settle(self.cache, mark, 0)
@@ -332,40 +289,14 @@ class Session:
 
     def snapshot(self) -> SessionState:
         """A copy of the tokens, the cache and the last logits, for `restore`."""
-        c = self.cache
-        assert c.n_tokens == len(self.tokens)
-        c.backend.rings_to_host(c)  # a device-resident ring's rows, copied back
-        return SessionState(tokens=tuple(self.tokens), k=tuple(_frozen_copy(a) for a in c.k),
-                            v=tuple(_frozen_copy(a) for a in c.v), slot_pos=tuple(_frozen_copy(p) for p in c.pos),
-                            ring=_frozen_copy(np.stack([c.used, c.cur])), cache_types=(c.type_k, c.type_v),
-                            n_tokens=c.n_tokens, n_vocab=self.n_vocab,
-                            logits=_frozen_copy(self._last_logits[0]) if self._has_logits else None,
-                            key_map=c.key_map, sink_k=None if c.sink_k is None else _frozen_copy(c.sink_k),
-                            **_tallies(c))
+        self._check_settled()
+        return snapshot_of(self)
 
     def restore(self, state: SessionState) -> None:
         """Return to `state`, a snapshot of a session of the same model and n_ctx. A state that
         does not fit raises EdgeKVError and leaves this session as it was."""
-        ours = dict(_geometry(self.cache.k, self.cache.v, self.n_vocab), cache_types=(self.cache.type_k, self.cache.type_v))
-        theirs = dict(_geometry(state.k, state.v, state.n_vocab), cache_types=state.cache_types)
-        for name, value in ours.items():
-            if theirs[name] != value:
-                raise EdgeKVError(f"cannot restore a session state with {name}={theirs[name]} into a session with "
-                                  f"{name}={value}; a state fits only a session of the same model and context size")
-        if self.cache.calibrated and (state.key_map is None or state.sink_k is None):
-            raise EdgeKVError("cannot restore a state without its key map into a session whose cache type is "
-                              f"{self.cache.type_k}")
-        k, v, pos = [a.copy() for a in state.k], [a.copy() for a in state.v], [p.copy() for p in state.slot_pos]
-        sink_k = None if state.sink_k is None else state.sink_k.copy()
-        with Uninterrupted():
-            self.cache.load(k, v, pos, state.ring, state.n_tokens, state.key_map, sink_k)  # the swap: nothing from here on can fail
-            self.cache.set_attention_by_position(state.attention, state.attention_seen)
-            self.tokens[:] = state.tokens
-            self.n_discarded = 0  # unknown for a state: a chat re-renders (slower, never wrong)
-            self._ends.clear()
-            self._has_logits = state.logits is not None
-            if state.logits is not None:
-                self._last_logits[0] = state.logits
+        self._check_settled()
+        restore_into(self, state)
 
     def grown(self, new_n_ctx: int, n_batch: int | None = None, key_map: KeyMap | None = None) -> "Session":
         """A new session with a context of new_n_ctx (>= n_ctx) holding this one's conversation:

@@ -102,15 +102,20 @@ class StepScheduler:
                 self._decoding.discard(me)
                 self._cv.notify_all()
 
-    def forward(self, session, chunk: np.ndarray, res, rows: np.ndarray, logits: np.ndarray) -> None:
+    def forward(self, session, chunk: np.ndarray, res, rows: np.ndarray, logits: np.ndarray,
+                as_steps: bool = False) -> None:
         """Session._eval_chunk's forward pass, run on the scheduler's thread; returns when it
-        is done (raising what the pass raised)."""
+        is done (raising what the pass raised). as_steps: every row as a one-token pass
+        computes it (Session.verify's drafted tokens, Backend.independent_rows)."""
         me = threading.get_ident()
-        if chunk.size == 1 and rows.size == 1:
+        if chunk.size == 1 and rows.size == 1 and not as_steps:
             item = _Pending(me, step=DecodeStep(int(chunk[0]), session.cache, res, logits))
         else:
-            item = _Pending(me, run=lambda: session.model.forward(chunk, session.cache, res, session.scratch, rows,
-                                                                  logits))
+            def run() -> None:
+                with session.model.backend.independent_rows() if as_steps else contextlib.nullcontext():
+                    session.model.forward(chunk, session.cache, res, session.scratch, rows, logits)
+
+            item = _Pending(me, run=run)
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the model's scheduler has stopped")

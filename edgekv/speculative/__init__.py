@@ -29,16 +29,19 @@ class Speculation:
 
     drafter: PromptLookup, DraftModel or any llama-cpp-python LlamaDraftModel (a callable
     ids -> draft ids); n_max: the most tokens drafted at once (default: the drafter's own
-    num_pred_tokens / n_draft, else 16); n_min: fewer drafted tokens are not verified."""
+    num_pred_tokens / n_draft, else 16); n_min: fewer drafted tokens are not verified;
+    adaptive: choose the length from measured acceptance and costs (draft_length.py), else
+    always draft n_max (llama.cpp's behaviour)."""
 
-    def __init__(self, drafter: Any, n_max: int | None = None, n_min: int = 0):
+    def __init__(self, drafter: Any, n_max: int | None = None, n_min: int = 0, adaptive: bool = True):
         self.drafter = drafter
         own = getattr(drafter, "num_pred_tokens", None) or getattr(drafter, "n_draft", None)
         self.n_max = int(n_max or own or DEFAULT_N_MAX)
-        self.n_min = n_min
+        self.n_min, self.adaptive = n_min, adaptive
         # a context match is right more often than a small model's guess (the prior only
         # decides the first passes: measured acceptance takes over)
-        self.length = DraftLength(self.n_max, n_min, prior=0.8 if isinstance(drafter, PromptLookup) else 0.7)
+        self.length = DraftLength(self.n_max, n_min, prior=0.8 if isinstance(drafter, PromptLookup) else 0.7,
+                                  adaptive=adaptive)
         self.counts = DraftCounts()
 
     def bind(self, target) -> "Speculation":
@@ -50,7 +53,7 @@ class Speculation:
     def fork(self) -> "Speculation":
         """The same drafter for another conversation (a draft model's own session apart)."""
         drafter = self.drafter.fork() if isinstance(self.drafter, DraftModel) else self.drafter
-        return Speculation(drafter, self.n_max, self.n_min)
+        return Speculation(drafter, self.n_max, self.n_min, self.adaptive)
 
     def describe(self) -> str:
         describe = getattr(self.drafter, "describe", None)

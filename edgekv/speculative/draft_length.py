@@ -56,8 +56,10 @@ class PassCost:
 
 
 class DraftLength:
-    def __init__(self, n_max: int, n_min: int = 0, prior: float = 0.7):
-        self.n_max, self.n_min = max(1, n_max), max(0, n_min)
+    """adaptive=False: always draft as many as allowed (llama.cpp's fixed --draft-max)."""
+
+    def __init__(self, n_max: int, n_min: int = 0, prior: float = 0.7, adaptive: bool = True):
+        self.n_max, self.n_min, self.adaptive = max(1, n_max), max(0, n_min), adaptive
         self.hits, self.tries = PRIOR_WEIGHT * prior, PRIOR_WEIGHT
         self.cost = PassCost()
         self.t_draft = 0.0  # seconds per drafted token
@@ -80,6 +82,8 @@ class DraftLength:
         lo, limit = max(1, self.n_min), min(self.n_max, room - 1)
         if limit < lo:
             return 0
+        if not self.adaptive:
+            return limit
         if self.skip:
             self.skip -= 1
             return 0
