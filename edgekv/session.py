@@ -219,7 +219,7 @@ class Session:
             self._has_logits = True
 
     def verify(self, ids: Sequence[int]) -> np.ndarray:
-        """Evaluate ids (a sampled token and the drafts after it: speculative.py) in one pass,
+        """Evaluate ids (a sampled token and the drafts after it: speculative/) in one pass,
         every row as a decode step computes it, bit for bit (Backend.independent_rows), and
         return their logits f32[len(ids), n_vocab]; nothing is part of the session until
         `settle(n)` keeps the first n and forgets the rest exactly (kv/drafts.py). The ids must

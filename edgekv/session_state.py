@@ -4,22 +4,19 @@ and put back (Session.snapshot / restore call these).
 What lives here: the state record (tokens, K/V rows, slot positions, ring pointers, logits,
 a calibrated type's key map and sinks, the `keep` tallies) and the checks that a state fits
 the session restoring it. What does not: the file format (state_file.py), growth into a larger
-context (kv/growth.py).
+context (kv/growth.py). The session is handed in (a Session: this module sits below it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .errors import EdgeKVError
 from .interrupts import Uninterrupted
 from .kv.cache import KeyMap, KVCache
-
-if TYPE_CHECKING:
-    from .session import Session
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ def _tallies(cache: KVCache) -> dict[str, np.ndarray]:
     return dict(attention=_frozen_copy(mass), attention_seen=_frozen_copy(seen))
 
 
-def snapshot_of(session: "Session") -> SessionState:
+def snapshot_of(session: Any) -> SessionState:
     """A copy of the session's tokens, cache and last logits (Session.snapshot)."""
     c = session.cache
     assert c.n_tokens == len(session.tokens)
@@ -83,7 +80,7 @@ def snapshot_of(session: "Session") -> SessionState:
                         **_tallies(c))
 
 
-def restore_into(session: "Session", state: SessionState) -> None:
+def restore_into(session: Any, state: SessionState) -> None:
     """Put `state` into the session (Session.restore); a state that does not fit raises
     EdgeKVError and leaves the session as it was."""
     cache = session.cache

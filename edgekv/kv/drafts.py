@@ -1,6 +1,6 @@
 """Drafted tokens in the cache: a verify pass whose rejected rows are forgotten exactly.
 
-Speculative decoding (edgekv/speculative.py) evaluates a token and k drafted ones in one pass,
+Speculative decoding (edgekv/speculative/) evaluates a token and k drafted ones in one pass,
 then keeps the first n of them. What the pass changed must come out as if only those n had
 ever been evaluated, one decode step each:
 
@@ -19,7 +19,7 @@ The arithmetic of the pass itself is the backend's business: under
 `Backend.independent_rows` each row comes out as a one-token pass computes it, so the kept
 rows' K, V and logits are a decode step's bits (tests/test_speculative_rollback.py).
 What does not live here: the reservation (KVCache.reserve), the session's token list
-(session.py `verify` / `settle`), choosing drafts (speculative.py).
+(session.py `verify` / `settle`), choosing drafts (speculative/).
 """
 
 from __future__ import annotations
