@@ -230,6 +230,13 @@ def test_cli_flags(smollm2_path):
         assert "speculative: drafted" in spec.stderr
     bad = subprocess.run(args + ["--spec-type", "draft-simple"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "-md FILE" in bad.stderr and "Traceback" not in bad.stderr
+    # edgekv bench's speculative mode: plain and drafted greedy decoding of the same answer
+    bench = subprocess.run([sys.executable, "-m", "edgekv", "bench", "-m", str(smollm2_path), "-n", "24", "-r", "1",
+                            "-t", "2", "--lookup-ngram", "2", "-o", "json"], capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    (record,) = json.loads(bench.stdout)
+    assert record["n_gen"] == 24 and record["plain_avg_ts"] > 0 and record["spec_avg_ts"] > 0
+    assert record["draft_n"] >= record["draft_n_accepted"] > 0 and record["drafter"].startswith("prompt lookup")
 
 
 @pytest.mark.slow
@@ -242,3 +249,37 @@ def test_load_with_a_draft_and_stream_generate(smollm2_path):
     model.draft = None
     plain = [st.token for st in stream_generate(model, model.session(256), prompt, max_tokens=30, temperature=0)]
     assert spec == plain
+
+
+@pytest.mark.slow
+def test_the_server_drafts_per_conversation(smollm2_path):
+    # two conversations at once (parallel 2): each verifies its own drafts on the step scheduler,
+    # answers as plain greedy decoding does, and reports llama-server's draft counts
+    import http.client
+    import threading
+
+    from edgekv.server import create_app
+    from helpers.server import KEY, WAIT_S, serving
+
+    expected, _ = _complete(_llm(smollm2_path), max_tokens=32)
+    llm = Llama(str(smollm2_path), n_ctx=512, draft_model=_always())
+    answers: list = []
+
+    def ask(port: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S)
+        body = json.dumps(dict(prompt=QUOTE, max_tokens=32, temperature=0))
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        answers.append(json.loads(conn.getresponse().read()))
+        conn.close()
+
+    with serving(create_app(llm, api_key=KEY, parallel=2)) as port:
+        threads = [threading.Thread(target=ask, args=(port,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+    assert len(answers) == 2
+    for answer in answers:
+        assert answer["choices"][0]["text"] == expected
+        assert answer["timings"]["draft_n"] > 0 and answer["timings"]["draft_n_accepted"] > 0

@@ -12,12 +12,15 @@ statistics and the output formats (edgekv/lab/bench.py).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import replace
 from typing import Callable
 
-from .common import add_backend_option, non_negative_int, positive_int
+from .speculative import add_speculative_options, speculation_from
+from ..errors import EdgeKVError
+from .common import add_backend_option, non_negative_int, positive_int, read_text_file
 
 log = logging.getLogger("edgekv")
 
@@ -58,6 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="output format (default: md)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run before each test")
     add_backend_option(p)
+    add_speculative_options(p)
+    p.add_argument("--spec-prompt", metavar="FILE", default=None,
+                   help="with a speculative option: the user turn whose answer is decoded, plain and speculative "
+                        "(default: an edit of a code snippet, lab/spec_bench.py)")
     p.set_defaults(handler=bench)
 
 
@@ -68,6 +75,8 @@ def _values(args: argparse.Namespace, name: str) -> list:
 
 
 def bench(args: argparse.Namespace) -> int:
+    if speculation_from(args) is not None:
+        return spec_bench(args)
     from ..lab import bench as b
     from ..catalog import default_model_name, resolve_model
     from ..models import read_hparams
@@ -130,3 +139,32 @@ def _warn_if_throttled(board) -> None:
     if hot:
         log.warning("the board was throttling when the run ended (%s): its figures are lower than the board's "
                     "best; cool it or use a lower power mode", ", ".join(f"{z.name} {z.celsius:.1f} C" for z in hot))
+
+
+def spec_bench(args: argparse.Namespace) -> int:
+    """The speculative mode: each model's greedy answer to a prompt, plain and drafted (lab/spec_bench.py)."""
+    from ..api.facade import Llama
+    from ..catalog import default_model_name
+    from ..lab.spec_bench import DEFAULT_PROMPT, MD_HEAD, run_spec_bench
+
+    if args.output == "csv":
+        raise EdgeKVError("the speculative mode of edgekv bench writes md, json or jsonl, not csv")
+
+    prompt = DEFAULT_PROMPT if args.spec_prompt is None else read_text_file(args.spec_prompt).decode("utf-8", "replace")
+    threads = (_values(args, "threads") or [None])[0]
+    results = []
+    if args.output == "md":
+        print(MD_HEAD, flush=True)
+    for name in _values(args, "model") or [default_model_name()]:
+        kw = dict(n_ctx="auto", n_threads=threads, backend=args.backend)
+        plain, spec = Llama(name, **kw), Llama(name, draft_model=speculation_from(args), **kw)
+        for n_gen in [n for n in _values(args, "n_gen") if n > 0]:
+            result = run_spec_bench(plain, spec, prompt, n_gen, args.repetitions)
+            results.append(result)
+            if args.output == "md":
+                print(result.md_row(), flush=True)
+            elif args.output == "jsonl":
+                print(json.dumps(result.record()), flush=True)
+    if args.output == "json":
+        print(json.dumps([r.record() for r in results], indent=2))
+    return 0
