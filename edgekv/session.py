@@ -232,6 +232,9 @@ class Session:
                               "after at least one evaluated token")
         if ids.min() < 0 or ids.max() >= self.n_vocab:
             raise EdgeKVError(f"token ids must be in 0..{self.n_vocab - 1}")
+        if self.cache.tallies is not None and not self.model.backend.exact_verify:
+            raise EdgeKVError(f"speculative decoding with context_shift='keep' runs on the CPU backends for now, not "
+                              f"on {self.model.backend.name}: use context_shift 'shift' or 'stream' there")
         logits = np.empty((ids.size, self.n_vocab), np.float32)
         rows = np.arange(ids.size)
         with Uninterrupted() as bookkeeping:

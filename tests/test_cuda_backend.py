@@ -404,3 +404,23 @@ def test_n_gpu_layers_below_the_layer_count_offloads_the_whole_model_saying_so(t
     for n in (-1, 4, 99):  # all of them: nothing to say
         Llama(path, n_ctx=32, n_gpu_layers=n, verbose=False)
     assert capfd.readouterr().err == ""
+
+
+def test_speculative_decoding_on_the_gpu_gives_the_plain_greedy_text(tiny_model):
+    # a verify pass is a chunk of the CUDA backend's prefill path (its rows are not bit for bit
+    # its decode steps, as the CPU's are: greedy equality holds unless a near-tie flips); the
+    # `keep` policy's per-query tallies exist on the CPU backends only: refused at load, saying so
+    from edgekv import Llama
+    from edgekv.speculative import PromptLookup, Speculation
+
+    path = str(tiny_model("gemma3", "Q8_0", **WIDE))
+    prompt = "hello world hello world hello world hello"
+    want = Llama(path, n_ctx=64, backend="cpu", verbose=False)(prompt, max_tokens=16, temperature=0)
+    llm = Llama(path, n_ctx=64, backend=CUDABackend(emulated_device()), verbose=False,
+                draft_model=Speculation(PromptLookup(), adaptive=False))
+    got = llm(prompt, max_tokens=16, temperature=0)
+    assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert llm.last_stats.draft_n > 0
+    with pytest.raises(EdgeKVError, match="runs on the CPU backends"):
+        Llama(path, n_ctx=64, backend=CUDABackend(emulated_device()), verbose=False, context_shift="keep",
+              draft_model=Speculation(PromptLookup(), adaptive=False))

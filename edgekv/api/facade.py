@@ -107,6 +107,9 @@ class Llama(CompletionsMixin, StateMixin):
         if isinstance(draft_model, (str, os.PathLike)):
             draft_model = DraftModel(draft_model, backend=backend)
         self._speculation = as_speculation(draft_model, self._model)
+        if self._speculation is not None and context_shift == "keep" and not self._model.backend.exact_verify:
+            raise EdgeKVError(f"speculative decoding with context_shift='keep' runs on the CPU backends for now, not "
+                              f"on {self._model.backend.name}: use context_shift 'shift' or 'stream' there")
 
     def fork(self, runner: Any = None) -> "Llama":
         """Another conversation on the same loaded model: a Llama that shares the weights,

@@ -43,6 +43,9 @@ class Backend(ABC):
     name: str
     n_workers: int  # threads its kernels may run on: the per-thread scratch rows a session makes
     max_batch: int | None = None  # the most tokens one call may carry (None: no limit of its own)
+    # under independent_rows a chunk of one sequence comes out as its decode steps, bit for bit,
+    # and a `keep` cache's per-query tallies go to a staging array (kv/drafts.py): the CPU backends
+    exact_verify = False
     _mode = threading.local()  # per thread: whether the rows of a call are independent sequences
 
     # -- a batch of sequences -----------------------------------------------------------------

@@ -36,6 +36,8 @@ _NO_SINKS = np.zeros((1, 0, 1), np.float32)  # attention_rows' sink_k when the c
 
 
 class CPUBackend(Backend):
+    exact_verify = True
+
     def __init__(self, name: str, use_int8dot: bool):
         self.name = name
         self.use_int8dot = use_int8dot and kernel_map.int8dot_available()
