@@ -80,7 +80,7 @@ def lookup_table(args, prompts) -> None:
                 b.append(edgekv_run(spec, text, args.n))
                 if args.llama_bin:
                     common = ["-m", path, "-p", text, "-n", str(args.n), "-t", str(args.t), "--temp", "0", "-c", "2048",
-                              "--ignore-eos", "-no-cnv"]
+                              "--ignore-eos"]
                     la.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", "0"]))
                     lb.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", str(args.k)]))
             if a[0][0] != b[0][0]:
@@ -126,7 +126,7 @@ def pair_table(args, prompts) -> None:
                 if args.llama_bin:
                     common = ["-m", target, "-p", text, "-n", str(args.n), "-t", str(args.t), "--temp", "0", "-c",
                               "2048", "--ignore-eos"]
-                    la.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", "0", "-no-cnv"]))
+                    la.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", "0"]))
                     lb.append(llama_tool(args.llama_bin / "llama-speculative",
                                          common + ["-md", draft, "--spec-draft-n-max", str(args.k)]))
             if a[0][0] != b[0][0]:

@@ -30,7 +30,7 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
 column token by token with each token's bits, but the int8-dot kernels read each weight
 from memory once for all the tokens (int8dot.matvec_chunks_rows; the K-quants' gemv tiles
-likewise), and on AVX512-VNNI build a block's codes once for 4 tokens.
+likewise), and on AVX512-VNNI and AVX2 build a block's codes once for 4 tokens.
 
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
 and the K-quants' batch column (so Gemma 3's Q4_K/Q6_K prefill rounds as llama.cpp's does),

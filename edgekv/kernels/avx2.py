@@ -95,6 +95,6 @@ def pshufb(builder, idx, table):
     return concat(builder, parts)
 
 
-AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=1, q8_flip=False, dot=maddubs,
+AVX2 = Isa("avx2", width=8, gemm_tokens=4, rows_tokens=4, q8_flip=False, dot=maddubs,
            dot_scaled=maddubs_scaled,
            dot_diff_scaled=maddubs_diff_scaled, lookup=pshufb)

@@ -18,7 +18,8 @@ per T(1). `DraftLength` keeps:
 When no k beats a plain step, the loop decodes plainly for `backoff` steps (1, 2, 4, ... up
 to MAX_BACKOFF) and then probes with a draft of at most PROBE tokens, so a text that never
 matches wastes at most PROBE rows every MAX_BACKOFF steps (benchmarks/speculative.py
-measures it).
+measures it); a probe whose drafts were all kept ends the back-off. Each generation call
+starts from the prior acceptance again (`restart`), with the costs measured so far.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ class DraftLength:
     """adaptive=False: always draft as many as allowed (llama.cpp's fixed --draft-max)."""
 
     def __init__(self, n_max: int, n_min: int = 0, prior: float = 0.7, adaptive: bool = True):
-        self.n_max, self.n_min, self.adaptive = max(1, n_max), max(0, n_min), adaptive
-        self.hits, self.tries = PRIOR_WEIGHT * prior, PRIOR_WEIGHT
+        self.n_max, self.n_min, self.adaptive, self.prior = max(1, n_max), max(0, n_min), adaptive, prior
         self.cost = PassCost()
         self.t_draft = 0.0  # seconds per drafted token
+        self.restart()
+
+    def restart(self) -> None:
+        """A new text (a generation call): acceptance from the prior again; the costs stay."""
+        self.hits, self.tries = PRIOR_WEIGHT * self.prior, PRIOR_WEIGHT
         self.skip, self.backoff = 0, 1
 
     @property
@@ -113,3 +118,5 @@ class DraftLength:
         self.hits = DECAY * self.hits + accepted
         self.tries = DECAY * self.tries + accepted + (1 if accepted < k else 0)
         self.cost.add(k + 1, seconds)
+        if accepted == k:  # a probe that came true: the text may have turned to copying, look at once
+            self.skip, self.backoff = 0, 1

@@ -55,6 +55,7 @@ def speculative_step(current: Callable[[], Session], sampler: Sampler, drafter: 
     generator resumes; a list sent in is evaluated after it). record(at, rows): the kept
     rows' logits of a verify pass, whose first token is the session's token `at`."""
     counts = counts if counts is not None else DraftCounts()
+    length.restart()
     token = None
     while True:
         s = current()
