@@ -212,7 +212,8 @@ def test_the_draft_length_follows_acceptance_and_cost():
     wasted, _ = run(accept_all=False)
     assert wasted * 0.4 < 0.03 * 2000  # never matching costs under 3% of decode time
     length = DraftLength(16)
-    length.stepped(0.010)
+    for _ in range(2):  # the first timing of each pass size is a warm-up's, not counted
+        length.stepped(0.010)
     for _ in range(10):
         length.verified(8, 8, 0.010 * (1 + 0.4 * 8))
     assert length.next(room=64) >= 8 and length.next(room=5) == 4  # long drafts, cut to the room

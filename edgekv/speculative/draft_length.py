@@ -28,7 +28,8 @@ DECAY = 0.7  # weight of the past acceptance per verify pass
 PRIOR_WEIGHT = 2.0  # tries the prior counts for
 MAX_BACKOFF = 64  # plain steps between probes at most
 PROBE = 2  # drafted tokens of a probe at most
-COST_DECAY = 0.95  # weight of the past timings per new one
+COST_DECAY = 0.9  # weight of the past timings per new one
+FIRST = 4  # drafted tokens of the passes that measure what a row costs
 
 
 class PassCost:
@@ -37,8 +38,12 @@ class PassCost:
     def __init__(self):
         self.w = self.sn = self.snn = self.st = self.snt = 0.0
         self.distinct: set[int] = set()
+        self.seen: set[int] = set()
 
     def add(self, n: int, seconds: float) -> None:
+        if n not in self.seen:  # the first pass of a size pays for warming up (caches, first calls)
+            self.seen.add(n)
+            return
         d = COST_DECAY
         self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + n, d * self.snn + n * n
         self.st, self.snt = d * self.st + seconds, d * self.snt + n * seconds
@@ -93,9 +98,9 @@ class DraftLength:
             self.skip -= 1
             return 0
         if 1 not in self.cost.distinct:
-            return 0  # a plain step first: the cost everything is measured against
+            return 0  # plain steps first: the cost everything is measured against
         if not self.cost.known:
-            return limit  # then a pass, to measure a row
+            return min(limit, max(lo, FIRST))  # then passes of a middling size, to measure a row
         best = max(range(lo, limit + 1), key=self.gain)
         if self.gain(best) > 1.0:
             self.backoff = 1
