@@ -61,6 +61,32 @@ def best(runs: list[tuple]) -> tuple:
     return max(runs, key=lambda r: r[1])
 
 
+def side_by_side(args, label: str, plain, spec, prompts, llama_plain, llama_spec) -> None:
+    """A table row per prompt: plain and speculative decoding of edgekv (their texts must be
+    equal), and llama.cpp's two commands (argument lists after the common ones) when built."""
+    for p in prompts:
+        text = rendered(plain, p["content"])
+        a, b, la, lb = [], [], [], []
+        for _ in range(args.r):
+            a.append(edgekv_run(plain, text, args.n))
+            b.append(edgekv_run(spec, text, args.n))
+            if args.llama_bin:
+                common = ["-m", plain.model_path, "-p", text, "-n", str(args.n), "-t", str(args.t), "--temp", "0",
+                          "-c", "2048", "--ignore-eos"]
+                la.append(llama_tool(args.llama_bin / llama_plain[0], common + llama_plain[1:]))
+                lb.append(llama_tool(args.llama_bin / llama_spec[0], common + llama_spec[1:]))
+        if a[0][0] != b[0][0]:
+            raise SystemExit(f"{label} / {p['name']}: speculative text differs from plain decoding")
+        (_, t0, _, _), (_, t1, d, acc) = best(a), best(b)
+        row = f"| {label} | {p['name']} | {t0:.1f} | {t1:.1f} | {t1 / t0:.2f}x | {acc}/{d} |"
+        if la:
+            (u0, _, _), (u1, ud, ua) = best(la), best(lb)
+            row += f" {u0:.1f} | {u1:.1f} | {u1 / u0:.2f}x | {ua}/{ud} |"
+        else:
+            row += " - | - | - | - |"
+        print(row, flush=True)
+
+
 def lookup_table(args, prompts) -> None:
     from edgekv import Llama, PromptLookupDecoding
     from edgekv.catalog import resolve_model
@@ -72,27 +98,8 @@ def lookup_table(args, prompts) -> None:
         plain = Llama(path, n_ctx=2048, n_threads=args.t)
         spec = Llama(path, n_ctx=2048, n_threads=args.t,
                      draft_model=PromptLookupDecoding(max_ngram_size=args.ngram, num_pred_tokens=args.k))
-        for p in prompts:
-            text = rendered(plain, p["content"])
-            a, b, la, lb = [], [], [], []
-            for _ in range(args.r):
-                a.append(edgekv_run(plain, text, args.n))
-                b.append(edgekv_run(spec, text, args.n))
-                if args.llama_bin:
-                    common = ["-m", path, "-p", text, "-n", str(args.n), "-t", str(args.t), "--temp", "0", "-c", "2048",
-                              "--ignore-eos"]
-                    la.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", "0"]))
-                    lb.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", str(args.k)]))
-            if a[0][0] != b[0][0]:
-                raise SystemExit(f"{name} / {p['name']}: speculative text differs from plain decoding")
-            (_, t0, _, _), (_, t1, d, acc) = best(a), best(b)
-            row = f"| {name} | {p['name']} | {t0:.1f} | {t1:.1f} | {t1 / t0:.2f}x | {acc}/{d} |"
-            if la:
-                (u0, _, _), (u1, ud, ua) = best(la), best(lb)
-                row += f" {u0:.1f} | {u1:.1f} | {u1 / u0:.2f}x | {ua}/{ud} |"
-            else:
-                row += " - | - | - | - |"
-            print(row, flush=True)
+        side_by_side(args, name, plain, spec, prompts, ["llama-lookup", "--spec-draft-n-max", "0"],
+                     ["llama-lookup", "--spec-draft-n-max", str(args.k)])
 
 
 def f32_of(name: str, folder: Path) -> Path:
@@ -111,34 +118,15 @@ def pair_table(args, prompts) -> None:
 
     folder = Path(os.path.expanduser("~/.cache/edgekv/bench"))
     folder.mkdir(parents=True, exist_ok=True)
-    print("\n| target | draft | prompt | plain t/s | drafted t/s | speed-up | accepted | llama.cpp plain | "
-          "llama-speculative | its speed-up | its accepted |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| target / draft | prompt | plain t/s | drafted t/s | speed-up | accepted | llama.cpp plain | "
+          "llama-speculative | its speed-up | its accepted |\n|---|---|---|---|---|---|---|---|---|---|")
     for name in args.model:
         target, draft = str(f32_of(name, folder)), str(resolve_model(name))
         plain = Llama(target, n_ctx=2048, n_threads=args.t)
         spec = Llama(target, n_ctx=2048, n_threads=args.t, draft_model=DraftModel(draft, n_draft=args.k))
-        for p in prompts:
-            text = rendered(plain, p["content"])
-            a, b, la, lb = [], [], [], []
-            for _ in range(args.r):
-                a.append(edgekv_run(plain, text, args.n))
-                b.append(edgekv_run(spec, text, args.n))
-                if args.llama_bin:
-                    common = ["-m", target, "-p", text, "-n", str(args.n), "-t", str(args.t), "--temp", "0", "-c",
-                              "2048", "--ignore-eos"]
-                    la.append(llama_tool(args.llama_bin / "llama-lookup", common + ["--spec-draft-n-max", "0"]))
-                    lb.append(llama_tool(args.llama_bin / "llama-speculative",
-                                         common + ["-md", draft, "--spec-draft-n-max", str(args.k)]))
-            if a[0][0] != b[0][0]:
-                raise SystemExit(f"{name} / {p['name']}: speculative text differs from plain decoding")
-            (_, t0, _, _), (_, t1, d, acc) = best(a), best(b)
-            row = f"| {Path(target).name} | {Path(draft).name} | {p['name']} | {t0:.1f} | {t1:.1f} | {t1 / t0:.2f}x | {acc}/{d} |"
-            if la:
-                (u0, _, _), (u1, ud, ua) = best(la), best(lb)
-                row += f" {u0:.1f} | {u1:.1f} | {u1 / u0:.2f}x | {ua}/{ud} |"
-            else:
-                row += " - | - | - | - |"
-            print(row, flush=True)
+        side_by_side(args, f"{Path(target).name} / {Path(draft).name}", plain, spec, prompts,
+                     ["llama-lookup", "--spec-draft-n-max", "0"],
+                     ["llama-speculative", "-md", draft, "--spec-draft-n-max", str(args.k)])
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from edgekv import DraftModel, EdgeKVError, Llama, PromptLookupDecoding, load
+from edgekv.kv.types import KV_CACHE_TYPES
 from edgekv.speculative import Speculation
 from edgekv.speculative.draft_length import MAX_BACKOFF, PROBE, DraftLength
 
@@ -51,7 +52,7 @@ def _complete(llm: Llama, prompt: str = QUOTE, **kw):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-@pytest.mark.parametrize("cache_type", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("cache_type", sorted(KV_CACHE_TYPES))
 def test_prompt_lookup_gives_plain_greedy_text(request, model, cache_type):
     plain, spec = _pair(request.getfixturevalue(f"{model}_path"), cache_type_k=cache_type, cache_type_v=cache_type)
     assert _complete(spec) == _complete(plain)

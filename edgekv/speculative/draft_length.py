@@ -18,13 +18,17 @@ per T(1). `DraftLength` keeps:
 When no k beats a plain step, the loop decodes plainly for `backoff` steps (1, 2, 4, ... up
 to MAX_BACKOFF) and then probes with a draft of at most PROBE tokens, so a text that never
 matches wastes at most PROBE rows every MAX_BACKOFF steps (benchmarks/speculative.py
-measures it); a probe whose drafts were all kept ends the back-off. Each generation call
-starts from the prior acceptance again (`restart`), with the costs measured so far.
+measures it); a probe whose drafts were all kept ends the back-off. A drafter that costs
+nothing (prompt lookup) is asked at every plain step too, and its first guess is scored
+against the token that comes (`observed`): the acceptance follows the text without a pass, and
+the back-off ends as soon as guessing would pay. Each generation call starts from the prior
+acceptance again (`restart`), with the costs measured so far.
 """
 
 from __future__ import annotations
 
 DECAY = 0.7  # weight of the past acceptance per verify pass
+SHADOW_DECAY = 0.85  # and per unverified guess of a free drafter (`observed`)
 PRIOR_WEIGHT = 2.0  # tries the prior counts for
 MAX_BACKOFF = 64  # plain steps between probes at most
 PROBE = 2  # drafted tokens of a probe at most
@@ -108,6 +112,15 @@ class DraftLength:
         probe = self.backoff > 1  # the skipped steps are over: look again, cheaply
         self.skip, self.backoff = self.backoff, min(2 * self.backoff, MAX_BACKOFF)
         return max(lo, min(PROBE, limit)) if probe else 0
+
+    def observed(self, right: bool) -> None:
+        """A free drafter's first guess, not verified, against the token that came: the
+        acceptance follows the text while no pass runs, and a text that turns to copying ends
+        the back-off at once."""
+        self.hits = SHADOW_DECAY * self.hits + right
+        self.tries = SHADOW_DECAY * self.tries + 1
+        if self.skip and self.cost.known and self.gain(max(1, self.n_min)) > 1.0:
+            self.skip, self.backoff = 0, 1
 
     def stepped(self, seconds: float) -> None:
         """A plain decode step took `seconds`."""

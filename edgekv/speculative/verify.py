@@ -32,7 +32,7 @@ import numpy as np
 from ..sampling import Sampler
 from ..session import Session
 from .draft_length import DraftLength
-from .drafters import draft_tokens
+from .drafters import PromptLookup, draft_tokens
 
 _STOP = object()
 
@@ -56,12 +56,15 @@ def speculative_step(current: Callable[[], Session], sampler: Sampler, drafter: 
     rows' logits of a verify pass, whose first token is the session's token `at`."""
     counts = counts if counts is not None else DraftCounts()
     length.restart()
-    token = None
+    token = guess = None
     while True:
         s = current()
         if token is None:
             logits = s.logits
             token = sampler.sample(logits, s.tokens)
+            if guess is not None:  # what a draft would have said, against what came
+                length.observed(token == guess)
+                guess = None
             if stopping_criteria is not None and stopping_criteria(np.asarray(s.tokens, np.intc), logits):
                 return
         extra = yield token
@@ -71,11 +74,12 @@ def speculative_step(current: Callable[[], Session], sampler: Sampler, drafter: 
             continue
         k = length.next(s.max_verify())
         drafts: list[int] = []
-        if k:
+        if k or isinstance(drafter, PromptLookup):  # a lookup costs nothing: ask it even when not verifying
             t0 = time.perf_counter()
-            drafts = draft_tokens(drafter, s.tokens + [token], k)
+            drafts = draft_tokens(drafter, s.tokens + [token], max(k, 1))
             length.drafted(len(drafts), time.perf_counter() - t0)
-        if not drafts:
+        if not k or not drafts:
+            guess = drafts[0] if drafts else None
             t0 = time.perf_counter()
             evaluate([token])
             length.stepped(time.perf_counter() - t0)
