@@ -42,17 +42,7 @@ class CompletionsMixin:
         text = StopText(self.tokenizer_.detokenizer(skip_special=True, keep=keep), stop)
         is_end = set(stop_ids) | self.tokenizer_.eog_ids
         finish, hit, n_before, t0, n_emitted = "length", False, self._session.n_evaluated, time.perf_counter(), 0
-        sampling = dict(sampling)
-        if ignore_eos:
-            sampling["logit_bias"] = with_banned(sampling.get("logit_bias"), is_end)
-            is_end = set()
-        criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
-        grammar = sampling.pop("grammar", None)
-        if grammar is not None and ignore_eos:
-            raise EdgeKVError("a grammar cannot be combined with ignore_eos: the grammar decides where the text ends")
-        constraint = None if grammar is None else \
-            (LazyConstraint if isinstance(grammar, LazyGrammar) else GrammarConstraint)(grammar, self.tokenizer_, is_end)
-        sampler = sampler_for(**sampling, seed=self._seed if seed is None else seed, constraint=constraint)
+        sampler, criteria, is_end = self._stream_sampler(dict(sampling), is_end, ignore_eos)
 
         def prompt_done() -> None:  # called once, when the prompt's logits exist
             stats.prompt_eval_s = time.perf_counter() - t0
@@ -62,8 +52,7 @@ class CompletionsMixin:
             return None if recorder is None else recorder.release(n_chars)
 
         stream = self._generate(tokens, sampler, True, criteria)
-        spec = None if self._speculation is None else self._speculation.counts
-        drafted = (0, 0) if spec is None else (spec.drafted, spec.accepted)
+        drafts = self._speculation.counts.snapshot() if self._speculation is not None else None
         try:
             if limit <= 0:  # the prompt fills the context: evaluate it, generate nothing
                 self._prefill(tokens)
@@ -89,11 +78,25 @@ class CompletionsMixin:
         finally:
             stream.close()
             stats.gen_s = time.perf_counter() - t0 - stats.prompt_eval_s
-            if spec is not None:
-                stats.draft_n, stats.draft_n_accepted = spec.drafted - drafted[0], spec.accepted - drafted[1]
+            if drafts is not None:
+                stats.draft_n, stats.draft_n_accepted = self._speculation.counts.since(drafts)
         tail, hit_at_end = ("", False) if hit else text.finish()
         # tokens after a stop string's start are not part of the answer: their log-probs go too
         yield tail, "stop" if hit_at_end else finish, released(n_emitted + len(tail) if hit or hit_at_end else None)
+
+    def _stream_sampler(self, sampling: dict[str, Any], is_end: set[int], ignore_eos: bool):
+        """(Sampler, stopping_criteria, the ids that end the text) for `_stream`: ignore_eos bans
+        the end ids instead; a grammar masks the logits (lazily for a LazyGrammar)."""
+        if ignore_eos:
+            sampling["logit_bias"] = with_banned(sampling.get("logit_bias"), is_end)
+            is_end = set()
+        criteria, seed = sampling.pop("stopping_criteria", None), sampling.pop("seed", None)
+        grammar = sampling.pop("grammar", None)
+        if grammar is not None and ignore_eos:
+            raise EdgeKVError("a grammar cannot be combined with ignore_eos: the grammar decides where the text ends")
+        constraint = None if grammar is None else \
+            (LazyConstraint if isinstance(grammar, LazyGrammar) else GrammarConstraint)(grammar, self.tokenizer_, is_end)
+        return sampler_for(**sampling, seed=self._seed if seed is None else seed, constraint=constraint), criteria, is_end
 
     def _room_for(self, tokens: list[int], max_tokens: int | None) -> int:
         """How many tokens to generate after `tokens`: max_tokens; None or <= 0: until the

@@ -44,6 +44,13 @@ class DraftCounts:
     drafted: int = 0
     accepted: int = 0
 
+    def snapshot(self) -> tuple[int, int]:
+        return self.drafted, self.accepted
+
+    def since(self, before: tuple[int, int]) -> tuple[int, int]:
+        """(drafted, accepted) since a `snapshot`."""
+        return self.drafted - before[0], self.accepted - before[1]
+
 
 def speculative_step(current: Callable[[], Session], sampler: Sampler, drafter: Any, *,
                      evaluate: Callable[[list[int]], Any], length: DraftLength,
