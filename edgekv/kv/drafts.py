@@ -33,7 +33,7 @@ from .cache import KVCache, Reservation
 
 @dataclass
 class DraftMark:
-    """What a verify pass may change, saved before it writes (`mark`)."""
+    """What a verify pass may change, saved before it writes (`reserve_draft`)."""
 
     res: Reservation
     used: np.ndarray  # i64[n_layers], the scan lengths before the reservation
