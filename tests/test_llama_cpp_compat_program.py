@@ -70,13 +70,31 @@ def readme_python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
+def bounded(source: str, call: str) -> str:
+    """Every `call` without a max_tokens gets max_tokens=8 (a model that never writes its end token
+    would otherwise fill its whole context: CI once spent 600 s on one such example), except those
+    whose output a grammar ends (a JSON schema, tool calls: the examples parse their replies)."""
+    pieces, at = [], 0
+    while (start := source.find(call, at)) >= 0:
+        depth, end = 0, start + len(call) - 1
+        for end in range(end, len(source)):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        head = source[at:start + len(call)]
+        free = any(word in source[start:end] for word in ("max_tokens", "json_schema", "tools="))
+        pieces.append(head if free else head + "max_tokens=8, ")
+        at = start + len(call)
+    return "".join(pieces) + source[at:]
+
+
 def test_readme_python_examples_run(smollm2_path, capsys):
     """The blocks run one after the other in one namespace, as a reader would type them."""
     blocks = readme_python_blocks()
     assert len(blocks) >= 3, "the README's Python API section lost its examples"
     # the examples name the catalog model; point them at the fetched file, and keep them short
     source = "\n".join(blocks).replace('"smollm2-135m-instruct"', "MODEL_PATH")
-    source = source.replace("create_chat_completion(messages=", "create_chat_completion(max_tokens=8, messages=")
+    source = bounded(re.sub(r"max_tokens=\d+", "max_tokens=8", source), "create_chat_completion(")
     assert source.count("MODEL_PATH") == 2  # Llama(...) and edgekv.load(...)
     scope = run(source, str(smollm2_path))
     assert scope["sessions"]["alice"].n_tokens > scope["sessions"]["bob"].n_tokens > 0
