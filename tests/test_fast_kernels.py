@@ -88,6 +88,28 @@ def test_int8dot_rows_have_each_tokens_matvec_bits(ggml_type, shape):
         assert same_bits(rows, expected) and same_bits(exact, expected), n_tok
 
 
+@pytest.mark.parametrize("shape", [(200, 96), (64, 1536), (16, 8)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", [T.F32, T.F16, T.BF16], ids=lambda t: T(t).name)
+def test_float_rows_have_each_tokens_matvec_bits(ggml_type, shape):
+    # float weights for several tokens (float_ir.py: up to 6 per weight load, 13 = 5 + 4 + 4)
+    # against dot_float one token at a time; 200 rows leave padding in the last 64-row group
+    rng = np.random.default_rng(int(ggml_type) + 5)
+    n_rows, n_cols = shape
+    w = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+    w[0, :3] = [np.inf, 6e-8, -0.0]  # an inf, a half subnormal (F16), a negative zero
+    raw = {T.F32: w, T.F16: w.astype(np.float16), T.BF16: (w.view(np.uint32) >> 16).astype(np.uint16)}[ggml_type]
+    matrix = QuantMatrix(raw.view(np.uint8).reshape(n_rows, -1), ggml_type, n_rows, n_cols)
+    for n_tok in (1, 2, 5, 6, 7, 13):
+        x = rng.standard_normal((n_tok, n_cols)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
+        expected = np.zeros((n_tok, n_rows), np.float32)
+        for t in range(n_tok):
+            matrix.matvec(x[t], expected[t])
+        rows, exact = np.full_like(expected, np.nan), np.full_like(expected, np.nan)
+        matrix.matvec_rows(x, rows)
+        matrix.matmul_exact(x, exact)
+        assert same_bits(rows, expected) and same_bits(exact, expected), n_tok
+
+
 @pytest.mark.skipif(not HAS_INT8DOT, reason=NO_INT8DOT)
 @pytest.mark.parametrize("codes", [(-128, -128), (127, 127), (-128, 127)], ids=str)
 def test_int8dot_q8_0_extreme_codes_are_exact(codes):

@@ -25,12 +25,15 @@ Jetson Orin); else the portable kernels. `cpu-portable` = always the portable ke
 |                           | llama.cpp's repacked order); else dot_iq.py|                                    |                                   |
 | Q2_K IQ4_NL in file layout| dot_k_low.py, dot_iq.py (llama.cpp's       | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
 | (rows % 8, tied output)   | vec_dot, tiled, tinyBLAS orders)           |                                    |                                   |
-| F32 F16 BF16              | matvec_drivers.py dot_float (x rounded)    | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+| F32 F16 BF16              | matvec_drivers.py dot_float (x rounded);   | unpack.py tiles + BLAS             | unpack.py tiles + BLAS            |
+|                           | 2+ tokens: float_ir.py (the same bits)     |                                    |                                   |
 
 A short chunk, or several sessions' decode steps run together (kv/batch.py), takes the n < 64
 column token by token with each token's bits, but the int8-dot kernels read each weight
 from memory once for all the tokens (int8dot.matvec_chunks_rows; the K-quants' gemv tiles
-likewise), and on AVX512-VNNI and AVX2 build a block's codes once for 4 tokens.
+likewise), and on AVX512-VNNI and AVX2 build a block's codes once for 4 tokens; float
+weights likewise, up to 6 tokens per load (float_ir.py; a speculative verify pass on an F32
+model costs 1.1-1.4 decode steps for 2-6 rows, not one step per row).
 
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
 and the K-quants' batch column (so Gemma 3's Q4_K/Q6_K prefill rounds as llama.cpp's does),
@@ -111,7 +114,7 @@ def weight_kernels(ggml_type: int, int8dot: bool) -> tuple[str, str]:
     elif ggml_type in (T.Q2_K, T.Q3_K):
         exact = "dot_k_low lanes (exact)"
     else:
-        exact = "dot_float (exact)"
+        exact = "dot_float; 2+ tokens float_ir (exact)"
     return exact, "dequantized tiles + BLAS"
 
 

@@ -45,7 +45,8 @@ from .dot_k import INT8DOT, ORDER_GEMM, ORDER_GEMV, ORDER_TILED
 from .repack import repack
 from .activations import quantize_acts, quantize_acts_k
 from .int8dot import CHUNK, HAS_INT8DOT, K_TYPES, TYPES as INT8DOT_TYPES, gemm_chunks, k_gemm_chunks
-from .matvec_drivers import (N_ACC, N_ISUM, matvec_int8dot, matvec_int8dot_rows, matvec_k_int8dot, matvec_lanes,
+from .float_ir import WIDTH as FLOAT_WIDTH
+from .matvec_drivers import (N_ACC, N_ISUM, matvec_float_rows, matvec_int8dot, matvec_int8dot_rows, matvec_k_int8dot, matvec_lanes,
                              matvec_lanes_rows, matvec_serial, unpack_rows, unpack_tile)
 
 
@@ -133,6 +134,8 @@ class QuantMatrix:
         self._isum = np.zeros((max_threads(), N_ISUM, lanes), np.int32)
         # the int8 dot-product kernels (int8dot.py) where the CPU has them and the type is theirs
         self._int8dot = int8dot and lanes % CHUNK == 0
+        # float weights: several tokens per weight load on the IR kernel (float_ir.py), each with dot_float's bits
+        self._float_rows = q.ggml_type in (T.F32, T.F16, T.BF16) and lanes % FLOAT_WIDTH == 0
         # K-quants on the int8 dot instructions: CHUNK-row groups (in-model decode 2x faster
         # than 64-row groups read in strided 32-byte pieces) on the whole-tile IR kernels
         # (gemm_k_ir.py); explicit orders on dot_k.py with the integer sums on them
@@ -200,6 +203,10 @@ class QuantMatrix:
             self._into(out, lambda dst: matvec_int8dot_rows(self.ggml_type, x, p.qs, p.qh, p.d, xq, xd, xsum, dst))
             return
         xf = thread_scratch("rows_xf", n_tok * self._xf.size).reshape((n_tok,) + self._xf.shape)
+        if self._float_rows:
+            self._into(out, lambda dst: matvec_float_rows(self.ggml_type, self._act_kind, x, p.d, p.w, xq, xd, xsum,
+                                                          xf, dst))
+            return
         matvec_lanes_rows(self.ggml_type, self._act_kind, x, p.qs, p.qh, p.sc, p.d, p.w, xq, xd, xsum, xf,
                           self._acc, self._isum, out, ORDER_GEMV | self._k_flags | self._layout)
 
@@ -215,7 +222,7 @@ class QuantMatrix:
         if self._k_flags:
             self._k_gemm(x, out, True)  # the same orders in the whole-tile IR kernels
             return
-        if self._int8dot:  # one order for every token: matvec's, with the weight read once
+        if self._int8dot or self._float_rows:  # one order for every token: matvec's, the weight read once
             self.matvec_rows(x, out)
             return
         n_gemm = n_tok - n_tok % 4

@@ -3,7 +3,7 @@ kernels over all row groups of a weight in the lane layout (repack.py).
 
 What lives here: one token (`matvec_lanes`, `matvec_serial`, and on the int8 dot CPUs
 `matvec_int8dot`, `matvec_k_int8dot`, `matvec_k_many`: several K-quant weights at once), separate sequences' tokens (`matvec_lanes_rows`,
-`matvec_int8dot_rows`), float tiles and rows for BLAS and embedding lookups
+`matvec_int8dot_rows`, `matvec_float_rows`), float tiles and rows for BLAS and embedding lookups
 (`unpack_tile`, `unpack_rows`), and the activation preparation they share. What does not:
 the per-type arithmetic (dot_q.py, dot_k.py, dot_k_low.py, dot_iq.py, int8dot.py, unpack.py), choosing among them
 (QuantMatrix), the scratch they are handed (QuantMatrix, thread_scratch).
@@ -21,6 +21,7 @@ from .dot_iq import dot_iq4_nl, dot_iq4_xs
 from .dot_k import dot_q4_k, dot_q6_k
 from .dot_k_low import dot_q2_k, dot_q3_k
 from .dot_q import dot_blocks
+from .float_ir import TOKENS as FLOAT_TOKENS, WIDTH as FLOAT_WIDTH, rows_intrinsic
 from .fp16 import bf16_to_f32, f16_to_f32
 from .int8dot import k_gemm_chunks, k_gemv_many, matvec_chunks, matvec_chunks_rows
 from .unpack import unpack_group
@@ -119,6 +120,31 @@ def matvec_lanes_rows(kind, act_kind, x, qs, qh, sc, d, w, xq, xd, xsum, xf, acc
         th = nb.get_thread_id()
         for t in range(x.shape[0]):
             matvec_group(kind, qs, qh, sc, d, w, xq[t], xd[t], xsum[t], xf[t], acc[th], isum[th], out[t], order, g)
+
+
+_F32_ROWS, _F16_ROWS, _BF16_ROWS = (rows_intrinsic(kind) for kind in (T.F32, T.F16, T.BF16))
+
+
+@nb.njit(**PARALLEL_FLAGS)
+def matvec_float_rows(kind, act_kind, x, d, w, xq, xd, xsum, xf, out):
+    # matvec_lanes_rows for F32/F16/BF16 weights (float_ir.py): each row of out: f32[T, G * R]
+    # has dot_float's bits; up to FLOAT_TOKENS tokens share each weight load (xf: f32[T, n])
+    n_tok = x.shape[0]
+    for t in range(n_tok):
+        prepare_x(kind, act_kind, x[t], xq[t], xd[t], xsum[t], xf[t])
+    n_calls = -(-n_tok // FLOAT_TOKENS)
+    per_call = -(-n_tok // n_calls)  # 7 tokens: 4 + 3, not 6 + 1
+    per_group = d.shape[-1] // FLOAT_WIDTH
+    for job in nb.prange(d.shape[0] * per_group):
+        g, c = job // per_group, job % per_group
+        for t0 in range(0, n_tok, per_call):
+            n = min(per_call, n_tok - t0)
+            if kind == T.F32:
+                _F32_ROWS(w, xf, g, c, t0, n, out)
+            elif kind == T.F16:
+                _F16_ROWS(d, xf, g, c, t0, n, out)
+            else:
+                _BF16_ROWS(d, xf, g, c, t0, n, out)
 
 
 @nb.njit(**JIT_FLAGS)

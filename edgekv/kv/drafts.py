@@ -65,7 +65,9 @@ def settle(cache: KVCache, mark: DraftMark, n_kept: int) -> None:
     """Keep the first n_kept tokens of the pass (0: none), forget the others exactly."""
     res = mark.res
     cache.drafting = False
-    cache.backend.rings_to_host(cache)
+    rejected = n_kept < res.positions.size  # else no row to put back (and, on a GPU, nothing to copy)
+    if rejected:
+        cache.backend.rings_to_host(cache)
     for layer, pos in enumerate(cache.pos):
         slots, (k, v, old) = res.slots[layer], mark.rows[layer]
         gone = slots[n_kept:]
@@ -73,7 +75,8 @@ def settle(cache: KVCache, mark: DraftMark, n_kept: int) -> None:
         if cache.ring(layer):
             cache.cur[layer] = (int(slots[n_kept - 1]) + 1) % cache.caps[layer] if n_kept else res.cur[layer]
         cache.used[layer] = max(int(mark.used[layer]), int(slots[:n_kept].max()) + 1 if n_kept else 0)
-    cache.backend.rings_from_host(cache)
+    if rejected:
+        cache.backend.rings_from_host(cache)
     kept = Reservation(res.positions[:n_kept], [s[:n_kept] for s in res.slots], res.cur)
     if cache.tallies is not None and cache.tally_layer is not None:
         mass, n_slots = cache.tallies.mass, int(mark.n_slots[cache.tally_layer])
