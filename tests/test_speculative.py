@@ -221,6 +221,28 @@ def test_the_draft_length_follows_acceptance_and_cost():
     assert PROBE * 0.4 / MAX_BACKOFF < 0.03
 
 
+def test_a_draft_model_that_keeps_declining_is_asked_less_and_less():
+    # asked for drafts, it gives none (its first guess below p_min): each ask is a miss, so the
+    # loop backs off from asking (plain steps between asks grow), and comes back when it drafts again
+    length = DraftLength(16)
+    for _ in range(2):
+        length.stepped(0.010)
+    for _ in range(3):
+        length.verified(4, 4, 0.010 * (1 + 0.4 * 4))
+    asks, plain = [], 0
+    for _ in range(400):
+        if length.next(room=64):
+            asks.append(plain)
+            plain = 0
+            length.declined()
+        else:
+            plain += 1
+            length.stepped(0.010)
+    assert len(asks) < 20 and max(asks) >= MAX_BACKOFF // 2, asks
+    length.verified(PROBE, PROBE, 0.010 * (1 + 0.4 * PROBE))  # a probe that came true
+    assert length.next(room=64) > 0
+
+
 @pytest.mark.slow
 def test_cli_flags(smollm2_path):
     args = [sys.executable, "-m", "edgekv", "run", "-m", str(smollm2_path), "-p", QUOTE, "-n", "24", "--temp", "0"]

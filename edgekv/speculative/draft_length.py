@@ -11,8 +11,8 @@ per T(1). `DraftLength` keeps:
   DECAY per pass so the estimate follows the text (a quote, then free prose), starting from
   PRIOR_WEIGHT tries at the drafter's prior rate;
 - the costs: T(n) = a + b n fitted by least squares to the loop's own clocks, plain steps
-  (n = 1) and verify passes (n = k + 1) alike, old points decayed (`PassCost`); and the
-  drafter's seconds per drafted token;
+  (n = 1) and verify passes (n = k + 1) alike, each size's old timings decayed (`PassCost`);
+  and the drafter's seconds per drafted token (a draft model's own steps, not its catch-up);
 - the choice: the k in [max(1, n_min), room] with the best expected tokens per second.
 
 When no k beats a plain step, the loop decodes plainly for `backoff` steps (1, 2, 4, ... up
@@ -37,32 +37,44 @@ FIRST = 4  # drafted tokens of the passes that measure what a row costs
 
 
 class PassCost:
-    """T(n) = a + b n, seconds of a forward pass of n rows, fitted to decayed observations."""
+    """T(n) = a + b n, seconds of a forward pass of n rows, fitted by weighted least squares to
+    each size's decayed mean time. Decaying per size keeps what a verify pass costs through a
+    long run of plain steps (one decay over all timings once let 64 plain steps erase the
+    slope, and a verify pass looked free)."""
 
     def __init__(self):
-        self.w = self.sn = self.snn = self.st = self.snt = 0.0
-        self.distinct: set[int] = set()
+        self.sizes: dict[int, tuple[float, float]] = {}  # n -> (weight, mean seconds)
         self.seen: set[int] = set()
 
     def add(self, n: int, seconds: float) -> None:
         if n not in self.seen:  # the first pass of a size pays for warming up (caches, first calls)
             self.seen.add(n)
             return
-        d = COST_DECAY
-        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + n, d * self.snn + n * n
-        self.st, self.snt = d * self.st + seconds, d * self.snt + n * seconds
-        self.distinct.add(n)
+        w, mean = self.sizes.get(n, (0.0, 0.0))
+        w = COST_DECAY * w + 1
+        self.sizes[n] = (w, mean + (seconds - mean) / w)
+
+    @property
+    def distinct(self) -> set[int]:
+        """The pass sizes timed (after their warm-up)."""
+        return set(self.sizes)
 
     @property
     def known(self) -> bool:
         """Both a plain step and a verify pass were timed."""
-        return 1 in self.distinct and len(self.distinct) >= 2
+        return 1 in self.sizes and len(self.sizes) >= 2
 
     def __call__(self, n: int) -> float:
-        var = self.snn * self.w - self.sn * self.sn
-        b = max((self.snt * self.w - self.sn * self.st) / var, 0.0) if var > 1e-12 else 0.0
-        a = (self.st - b * self.sn) / self.w
-        return max(a + b * n, 1e-9)
+        w = sum(v[0] for v in self.sizes.values())
+        if w == 0.0:
+            return 1e-9
+        sn = sum(v[0] * k for k, v in self.sizes.items())
+        snn = sum(v[0] * k * k for k, v in self.sizes.items())
+        st = sum(v[0] * v[1] for v in self.sizes.values())
+        snt = sum(v[0] * k * v[1] for k, v in self.sizes.items())
+        var = snn * w - sn * sn
+        b = max((snt * w - sn * st) / var, 0.0) if var > 1e-12 else 0.0
+        return max((st - b * sn) / w + b * n, 1e-9)
 
 
 class DraftLength:
@@ -121,6 +133,13 @@ class DraftLength:
         self.tries = SHADOW_DECAY * self.tries + 1
         if self.skip and self.cost.known and self.gain(max(1, self.n_min)) > 1.0:
             self.skip, self.backoff = 0, 1
+
+    def declined(self) -> None:
+        """The drafter was asked and gave nothing (a draft model whose first guess fell below
+        p_min): scored as a guess that failed, so that a text where the draft model is never sure
+        backs off from asking it (each ask costs its catch-up and a step of its own)."""
+        self.hits = DECAY * self.hits
+        self.tries = DECAY * self.tries + 1
 
     def stepped(self, seconds: float) -> None:
         """A plain decode step took `seconds`."""

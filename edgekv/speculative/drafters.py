@@ -15,6 +15,7 @@ What does not live here: verification and the sampling rule (speculative/verify.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,9 @@ class DraftModel:
         self.n_draft, self.p_min = n_draft, p_min
         self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
         self.session = None
+        # the last call's drafting steps alone, without its catch-up: after plain steps the
+        # catch-up is a chunk of many tokens, which would make drafting look dear (draft_length.py)
+        self.draft_seconds: float | None = None
 
     def fork(self) -> "DraftModel":
         """The same draft model (weights shared) with a session of its own, for another conversation."""
@@ -97,7 +101,8 @@ class DraftModel:
         if n < 1 or not ids:
             return np.zeros(0, np.intc)
         s = self._session_for(len(ids) + n)
-        s.prefill(ids)
+        s.prefill(ids)  # catching up with the target: the tokens it kept since the last call
+        start = time.perf_counter()
         out: list[int] = []
         while True:
             logits = s.logits
@@ -108,6 +113,7 @@ class DraftModel:
             if len(out) == n:
                 break
             s.eval([token])
+        self.draft_seconds = time.perf_counter() - start
         return np.asarray(out, np.intc)
 
     def _session_for(self, n_tokens: int):

@@ -84,7 +84,10 @@ def speculative_step(current: Callable[[], Session], sampler: Sampler, drafter: 
         if k or isinstance(drafter, PromptLookup):  # a lookup costs nothing: ask it even when not verifying
             t0 = time.perf_counter()
             drafts = draft_tokens(drafter, s.tokens + [token], max(k, 1))
-            length.drafted(len(drafts), time.perf_counter() - t0)
+            own = getattr(drafter, "draft_seconds", None)  # a DraftModel's steps, without its catch-up
+            length.drafted(len(drafts), own if own is not None else time.perf_counter() - t0)
+        if k and not drafts and not isinstance(drafter, PromptLookup):
+            length.declined()  # a draft model unsure of its first token (p_min) cost a step of its own for nothing
         if not k or not drafts:
             guess = drafts[0] if drafts else None
             t0 = time.perf_counter()
