@@ -32,8 +32,9 @@ A short chunk, or several sessions' decode steps run together (kv/batch.py), tak
 column token by token with each token's bits, but the int8-dot kernels read each weight
 from memory once for all the tokens (int8dot.matvec_chunks_rows; the K-quants' gemv tiles
 likewise), and on AVX512-VNNI and AVX2 build a block's codes once for 4 tokens; float
-weights likewise, up to 6 tokens per load (float_ir.py; a speculative verify pass on an F32
-model costs 1.1-1.4 decode steps for 2-6 rows, not one step per row).
+weights likewise, up to 6 tokens per load (float_ir.py; F32 weights larger than the L3, 2
+threads on Zen 3: 2 / 4 / 6 tokens cost 1.4-1.5x / 1.5-1.7x / 2.0-2.3x one token's time,
+against 1.4x / 2.0x / 2.8x token by token).
 
 Bit-exact with llama.cpp's x86 build: the whole n < 64 column except the float weights,
 and the K-quants' batch column (so Gemma 3's Q4_K/Q6_K prefill rounds as llama.cpp's does),

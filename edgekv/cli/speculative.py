@@ -46,8 +46,8 @@ def add_speculative_options(p: argparse.ArgumentParser) -> None:
                                      "acceptance and costs say so)")
     g.add_argument("--spec-draft-n-min", "--draft-min", dest="draft_n_min", type=non_negative_int, default=0,
                    metavar="N", help="fewer drafted tokens are not verified (default: 0)")
-    g.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=probability, default=0.75,
-                   metavar="P", help="a draft model stops drafting below this probability (default: 0.75)")
+    g.add_argument("--spec-draft-p-min", "--draft-p-min", dest="draft_p_min", type=probability, default=0.0,
+                   metavar="P", help="a draft model stops drafting below this probability (default: 0.0, the pinned llama.cpp's)")
     g.add_argument("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", dest="cache_type_k_draft", default="f16",
                    metavar="TYPE", help="the draft model's KV cache type for K (default: f16)")
     g.add_argument("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v", dest="cache_type_v_draft", default="f16",
