@@ -47,7 +47,10 @@ def llama_tool(binary: Path, args: list[str]) -> tuple[float, int, int]:
 
 
 def edgekv_run(llm, text: str, n: int) -> tuple[str, float, int, int]:
-    """(text, decode t/s, drafted, accepted) of one greedy completion."""
+    """(text, decode t/s, drafted, accepted) of one greedy completion, from an empty session: a
+    session's history (which slots a reused prefix leaves, how the rest is chunked) can flip a
+    near-tie, so the plain and speculative texts are compared from the same (empty) state."""
+    llm.reset()
     out = llm.create_completion(text, max_tokens=n, temperature=0.0, ignore_eos=True)
     s = llm.last_stats
     return out["choices"][0]["text"], s.gen_tokens_per_s, s.draft_n or 0, s.draft_n_accepted or 0
