@@ -45,6 +45,7 @@ class PassCost:
     def __init__(self):
         self.sizes: dict[int, tuple[float, float]] = {}  # n -> (weight, mean seconds)
         self.seen: set[int] = set()
+        self.a = self.b = 0.0  # the line, fitted when a timing comes (the loop asks T(n) ~30 times a step)
 
     def add(self, n: int, seconds: float) -> None:
         if n not in self.seen:  # the first pass of a size pays for warming up (caches, first calls)
@@ -53,11 +54,17 @@ class PassCost:
         w, mean = self.sizes.get(n, (0.0, 0.0))
         w = COST_DECAY * w + 1
         self.sizes[n] = (w, mean + (seconds - mean) / w)
+        self._fit()
 
-    @property
-    def distinct(self) -> set[int]:
-        """The pass sizes timed (after their warm-up)."""
-        return set(self.sizes)
+    def _fit(self) -> None:
+        w = sum(v[0] for v in self.sizes.values())
+        sn = sum(v[0] * k for k, v in self.sizes.items())
+        snn = sum(v[0] * k * k for k, v in self.sizes.items())
+        st = sum(v[0] * v[1] for v in self.sizes.values())
+        snt = sum(v[0] * k * v[1] for k, v in self.sizes.items())
+        var = snn * w - sn * sn
+        self.b = max((snt * w - sn * st) / var, 0.0) if var > 1e-12 else 0.0
+        self.a = (st - self.b * sn) / w
 
     @property
     def known(self) -> bool:
@@ -65,16 +72,7 @@ class PassCost:
         return 1 in self.sizes and len(self.sizes) >= 2
 
     def __call__(self, n: int) -> float:
-        w = sum(v[0] for v in self.sizes.values())
-        if w == 0.0:
-            return 1e-9
-        sn = sum(v[0] * k for k, v in self.sizes.items())
-        snn = sum(v[0] * k * k for k, v in self.sizes.items())
-        st = sum(v[0] * v[1] for v in self.sizes.values())
-        snt = sum(v[0] * k * v[1] for k, v in self.sizes.items())
-        var = snn * w - sn * sn
-        b = max((snt * w - sn * st) / var, 0.0) if var > 1e-12 else 0.0
-        return max((st - b * sn) / w + b * n, 1e-9)
+        return max(self.a + self.b * n, 1e-9)
 
 
 class DraftLength:
@@ -113,7 +111,7 @@ class DraftLength:
         if self.skip:
             self.skip -= 1
             return 0
-        if 1 not in self.cost.distinct:
+        if 1 not in self.cost.sizes:
             return 0  # plain steps first: the cost everything is measured against
         if not self.cost.known:
             return min(limit, max(lo, FIRST))  # then passes of a middling size, to measure a row
