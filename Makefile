@@ -15,7 +15,7 @@ PULL        := $(PY) -m edgekv pull
 .PHONY: test test-python test-cuda-cpu models test-fast lint test-aarch64 chat bench install
 
 # make test is its two halves in turn: the Python suite (printing its 30 slowest tests), then
-# native/'s kernels on the CPU. CI (.ci/run) runs the second half beside make test-aarch64.
+# native/'s kernels on the CPU. CI (.ci/run) overlaps them with make test-aarch64 (see .ci/run).
 test: test-python test-cuda-cpu
 
 test-python: $(STAMP) lint models

@@ -24,7 +24,7 @@
 #
 # `tools/test_aarch64.sh --prepare` does only the first part (the tools, the root, the wheels,
 # the root's venv: mostly downloads and unpacking) and stops before the tests: .ci/run runs it
-# in the background while `make test` holds the cores, then this script finds it all ready.
+# in the background while the models are pulled and the kernels compiled, then this script finds it all ready.
 set -euo pipefail
 PREPARE=0
 case "${1:-}" in
