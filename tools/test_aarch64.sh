@@ -166,7 +166,7 @@ TEST_GROUPS=("tests/aarch64 tests/test_models.py tests/test_families_llama_cpp.p
 step "tests inside the root, two processes: ${TEST_GROUPS[*]}"
 pids=()
 for i in 0 1; do
-    in_root /bin/sh -c "cd /work/edgekv && EDGEKV_X86_GREEDY_IDS='$X86_IDS' EDGEKV_X86_STRUCTURED=/opt/x86_structured.json python -m pytest -q -rs -p no:cacheprovider -o timeout=3600 ${TEST_GROUPS[$i]}" \
+    in_root /bin/sh -c "cd /work/edgekv && EDGEKV_X86_GREEDY_IDS='$X86_IDS' EDGEKV_X86_STRUCTURED=/opt/x86_structured.json python -m pytest -q -rs --durations=15 -p no:cacheprovider -o timeout=3600 ${TEST_GROUPS[$i]}" \
         > "$CACHE/pytest-$i.txt" 2>&1 &
     pids+=($!)
 done
