@@ -20,6 +20,7 @@ from conftest import REFERENCE_DIR, load_tool
 
 from edgekv.cli import main
 from edgekv.lab.kl_divergence import BaseFile, KLDStats, decode_rows, encode_rows, row_width
+from edgekv.warmup import DIMS as WARMUP_DIMS  # K-quant rows, a 64-value head
 
 TEXT = REFERENCE_DIR / "gpl3.txt"
 # the figures held to llama-perplexity's: not the extreme quantiles of a few hundred tokens,
@@ -78,7 +79,8 @@ def test_statistics_from_llama_perplexity_files_equal_its_own(capsys):
 
 
 # Mean KLD, edgekv against llama-perplexity. With a base file (saving it and comparing with
-# it), edgekv evaluates token by token, where its kernels round activations to 8 bits as
+# it), edgekv evaluates decode steps (several per verify pass, each with a one-token step's
+# bits: test_a_base_made_several_steps_per_pass_...), where its kernels round activations to 8 bits as
 # llama.cpp's do: SmolLM2 Q4_K_M against F16, 0.059080 here, 0.059085 there; SmolLM2's q4_0
 # cache 0.0767 / 0.0760. (The batched prefill's float tiles measure less: 0.0541 and 0.0659.) Quantized-cache attention is float32 in
 # edgekv (kernels/attention_q.py) where llama.cpp also rounds the query and the softmax
@@ -90,8 +92,8 @@ def test_statistics_from_llama_perplexity_files_equal_its_own(capsys):
 KLD_BOUND = {"smollm2-model-q4_k_m": 0.02, "smollm2-cache-q4_0": 0.04, "gemma3-cache-q8_0": 0.06}
 
 
-# One quantized model and one quantized cache (CI's time: ~2.5 and ~1.5 minutes). The reference
-# also holds SmolLM2's q4_0 cache (~2 minutes; add it to the list to run it): its PPL against
+# One quantized model and one quantized cache (~90 and ~45 s on 2 cores; token by token they took
+# ~260 and ~120 s). The reference also holds SmolLM2's q4_0 cache (add it to the list to run it): its PPL against
 # llama.cpp's stays checked by test_perplexity.py's q4_0 cases, and a quantized cache's KLD by gemma3's.
 CASES = ("smollm2-model-q4_k_m", "gemma3-cache-q8_0")
 
@@ -135,6 +137,23 @@ def test_a_model_against_its_own_base_diverges_by_nothing(tiny_model, tmp_path, 
     assert stats["Mean    KLD"][0] < 1e-4 and stats["Same top p"][0] == 100.0
     assert stats["Mean PPL(Q)"][0] == pytest.approx(ppl, rel=1e-4)
     assert stats["Mean PPL(base)"][0] == pytest.approx(ppl, rel=1e-3)
+
+
+@pytest.mark.parametrize("weights,cache", [("F32", "f16"), ("Q4_K", "q4_0")])
+def test_a_base_made_several_steps_per_pass_is_the_one_made_token_by_token(tiny_model, tmp_path, capsys, weights,
+                                                                           cache):
+    # the default with a base (decode steps, several per verify pass: lab/perplexity.step_passes)
+    # writes the bytes that -b 1 (one decode step per token) writes, and so scores the same
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    model = str(tiny_model(weight_type=weights, **WARMUP_DIMS))
+    files = {}
+    for name, batch in (("steps", []), ("one", ["-b", "1"])):
+        files[name] = tmp_path / f"{name}.kld"
+        assert main(["perplexity", "-m", model, "-f", str(text), "-c", "160", "-ctk", cache, "-ctv", cache,
+                     *batch, "--kl-divergence-base", str(files[name])]) == 0
+    assert "(decode steps, up to 63 per pass)" in capsys.readouterr().err
+    assert files["steps"].read_bytes() == files["one"].read_bytes()
 
 
 def test_stored_rows_keep_log_probs_to_the_16_bit_step():

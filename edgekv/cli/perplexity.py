@@ -29,19 +29,24 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--kl-divergence", action="store_true",
                    help="compare this model and cache types with the base saved in --kl-divergence-base: KL "
                         "divergence, same top token, PPL ratio and their quantiles, as llama-perplexity prints. "
-                        "With --kl-divergence-base, saving or comparing, tokens are evaluated one by one (-b 1) "
-                        "unless -b is given: the decode kernels round activations to 8 bits as llama.cpp does, "
+                        "With --kl-divergence-base, saving or comparing, tokens are evaluated as decode steps (-b 1's "
+                        "bits; on the CPU several per pass) unless -b is given: the decode kernels round "
+                        "activations to 8 bits as llama.cpp does, "
                         "so the figures are llama-perplexity's (the batched prefill's float tiles measure less "
                         "damage; it is about twice as fast)")
     p.set_defaults(handler=run, batch_size=None)  # None: 512, or 1 with --kl-divergence-base
 
 
 def _session(args: argparse.Namespace, model, n_ctx: int):
+    """The session, and whether its tokens go as decode steps several per pass (`-b 1`'s
+    bits, faster: lab/perplexity.step_passes) rather than in batches of its n_batch."""
+    from ..backends.kernel_map import BATCH_MIN_TOKENS
     from ..kv.plan import parse_layer_windows
 
     windows = parse_layer_windows(args.layer_window, model.hp.n_layers) if args.layer_window else None
-    n_batch = args.batch_size or (1 if args.kl_divergence_base else 512)
-    return model.session(n_ctx, n_batch, args.cache_type_k, args.cache_type_v, layer_windows=windows)
+    as_steps = bool(args.kl_divergence_base) and args.batch_size is None and model.backend.exact_verify
+    n_batch = args.batch_size or (BATCH_MIN_TOKENS - 1 if as_steps else 1 if args.kl_divergence_base else 512)
+    return model.session(n_ctx, n_batch, args.cache_type_k, args.cache_type_v, layer_windows=windows), as_steps
 
 
 def _load(args: argparse.Namespace):
@@ -66,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
     tokens = tok.encode(text, add_bos=None, special=False)
     n_ctx = args.ctx_size
     n_chunks = count_chunks(len(tokens), n_ctx, args.chunks)
-    session = _session(args, model, n_ctx)
-    print(f"perplexity: {len(tokens)} tokens, {n_chunks} chunks of n_ctx={n_ctx}, "
-          f"n_batch={session.n_batch}, {n_ctx - 1 - n_ctx // 2} "
-          f"tokens scored per chunk", file=sys.stderr, flush=True)
+    session, as_steps = _session(args, model, n_ctx)
+    batch = f"n_batch=1 (decode steps, up to {session.max_verify()} per pass)" if as_steps else f"n_batch={session.n_batch}"
+    print(f"perplexity: {len(tokens)} tokens, {n_chunks} chunks of n_ctx={n_ctx}, {batch}, "
+          f"{n_ctx - 1 - n_ctx // 2} tokens scored per chunk", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
 
     def progress(i: int, ppl: float) -> None:
@@ -83,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         from ..lab.kl_divergence import BaseWriter
 
         with BaseWriter(args.kl_divergence_base, n_ctx, model.hp.n_vocab, tokens, n_chunks) as writer:
-            result = compute(session, tokens, n_ctx, bos, args.chunks, progress, writer.add)
+            result = compute(session, tokens, n_ctx, bos, args.chunks, progress, writer.add, as_steps)
     else:
         result = compute(session, tokens, n_ctx, bos, args.chunks, progress)
     print()
@@ -103,13 +108,13 @@ def run_kl_divergence(args: argparse.Namespace) -> int:
         raise EdgeKVError(f"{base.path} holds log-probabilities over {base.n_vocab} tokens, this model has "
                           f"{model.hp.n_vocab}: compare models that share a vocabulary")
     tok = model.tokenizer
-    session = _session(args, model, base.n_ctx)
+    session, as_steps = _session(args, model, base.n_ctx)
     print(f"kl-divergence: {base.n_chunks} chunks of n_ctx={base.n_ctx} from {base.path} (its context, "
           f"whatever -c says), {base.n_scored} tokens scored per chunk", file=sys.stderr, flush=True)
     print("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              "
           "Δp RMS            Same top p", flush=True)
     stats = compare(session, base, tok.bos_id if tok.add_bos else None, args.chunks,
-                    lambda c, st: print(st.chunk_line(c), flush=True))
+                    lambda c, st: print(st.chunk_line(c), flush=True), as_steps)
     print()
     if stats.count < 100:
         print(f"({stats.count} tokens: too few for the statistics; llama-perplexity prints none below 100)")

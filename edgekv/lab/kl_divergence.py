@@ -243,9 +243,10 @@ def median(values: np.ndarray) -> float:
     return float(np.float32(0.5) * (values[n // 2] + values[n // 2 - 1])) if n % 2 == 0 else float(values[n // 2])
 
 
-def compare(session, base: BaseFile, bos_id: int | None, max_chunks: int = -1, on_chunk=None) -> KLDStats:
+def compare(session, base: BaseFile, bos_id: int | None, max_chunks: int = -1, on_chunk=None,
+            as_steps: bool = False) -> KLDStats:
     """Evaluate the base file's chunks with `session` (n_ctx = the file's) and compare every
-    scored position with the stored base row."""
+    scored position with the stored base row (as_steps: perplexity.chunk_logits's)."""
     from .perplexity import chunk_logits
 
     n = base.n_chunks if max_chunks <= 0 else min(max_chunks, base.n_chunks)
@@ -253,7 +254,7 @@ def compare(session, base: BaseFile, bos_id: int | None, max_chunks: int = -1, o
     for c in range(n):
         chunk = base.tokens[c * base.n_ctx:(c + 1) * base.n_ctx].tolist()
         row = 0
-        for rows, targets in chunk_logits(session, chunk, bos_id):
+        for rows, targets in chunk_logits(session, chunk, bos_id, as_steps):
             stats.add(rows, np.asarray(base.rows[c, row:row + len(targets)]), targets)
             row += len(targets)
         if on_chunk is not None:

@@ -49,20 +49,47 @@ def token_nll(rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return out
 
 
-def chunk_logits(session, chunk: Sequence[int], bos_id: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def chunk_logits(session, chunk: Sequence[int], bos_id: int | None,
+                 as_steps: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """One chunk (n_ctx tokens) evaluated from an empty cache: (logits f32[b, n_vocab],
-    the tokens they score i64[b]) for the scored positions, at most LOGIT_ROWS rows at a time."""
+    the tokens they score i64[b]) for the scored positions, at most LOGIT_ROWS rows at a time.
+    as_steps: every token as a one-token decode step computes it (what -b 1 gives), several
+    tokens per pass (`step_passes`)."""
     n_ctx = len(chunk)
     first = n_ctx // 2
     inputs = list(chunk)
     if bos_id is not None:
         inputs[0] = bos_id
     session.reset()
-    session.eval(inputs[:first])
+    run = (lambda ids, all_logits=False: step_passes(session, ids, all_logits)) if as_steps else session.eval
+    run(inputs[:first])
     targets = np.asarray(chunk, dtype=np.int64)
     for start in range(first, n_ctx - 1, LOGIT_ROWS):  # position n_ctx-1 predicts nothing scored
         stop = min(start + LOGIT_ROWS, n_ctx - 1)
-        yield session.eval(inputs[start:stop], all_logits=True), targets[start + 1 : stop + 1]
+        yield run(inputs[start:stop], all_logits=True), targets[start + 1 : stop + 1]
+
+
+def step_passes(session, ids: Sequence[int], all_logits: bool = False) -> np.ndarray | None:
+    """session.eval(ids) with each token's logits and cache rows a one-token decode step's,
+    bit for bit, but several tokens per pass: Session.verify (the speculative decoding pass,
+    whose rows are decode steps on a backend with exact_verify) keeping every row. The
+    weights are read once per pass instead of once per token (2-3x faster on 2 cores)."""
+    ids = list(ids)
+    rows = np.empty((len(ids), session.n_vocab), np.float32) if all_logits else None
+    done = 0
+    if not session.n_tokens:  # a pass follows at least one evaluated token
+        out = session.eval(ids[:1], all_logits=all_logits)
+        if all_logits:
+            rows[0] = out[0]
+        done = 1
+    while done < len(ids):
+        size = min(session.max_verify(), len(ids) - done)
+        logits = session.verify(ids[done:done + size])
+        session.settle(size)
+        if all_logits:
+            rows[done:done + size] = logits
+        done += size
+    return rows
 
 
 def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1, purpose: str = "to evaluate perplexity") -> int:
@@ -78,17 +105,18 @@ def count_chunks(n_tokens: int, n_ctx: int, max_chunks: int = -1, purpose: str =
 
 def compute(session, tokens: Sequence[int], n_ctx: int, bos_id: int | None, max_chunks: int = -1,
             on_chunk: Callable[[int, float], None] | None = None,
-            on_rows: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
+            on_rows: Callable[[np.ndarray], None] | None = None, as_steps: bool = False) -> PerplexityResult:
     """Run the method over `tokens` (already tokenized, BOS included when the model adds it).
     bos_id: the token that replaces each chunk's first one, None when the model adds no BOS.
-    on_rows: given the logits of the scored positions, in order (saving a KL-divergence base)."""
+    on_rows: given the logits of the scored positions, in order (saving a KL-divergence base).
+    as_steps: chunk_logits's."""
     n_chunks = count_chunks(len(tokens), n_ctx, max_chunks)
     nll = nll2 = 0.0
     count = 0
     running = []
     for i in range(n_chunks):
         parts = []
-        for rows, targets in chunk_logits(session, tokens[i * n_ctx : (i + 1) * n_ctx], bos_id):
+        for rows, targets in chunk_logits(session, tokens[i * n_ctx : (i + 1) * n_ctx], bos_id, as_steps):
             if on_rows is not None:
                 on_rows(rows)
             parts.append(token_nll(rows, targets))
