@@ -35,7 +35,7 @@ models: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check edgekv tests tools benchmarks
 
-# the quick loop while developing (~3 min on 2 cores; make test is ~70): unit tests and tiny
+# the quick loop while developing (~7 min on 2 cores; make test ~50-70): unit tests and tiny
 # random models. It leaves out what is marked `slow` (needs a real model, so none is pulled
 # here: the real-model checks against llama.cpp, perplexity, KL, convert, quantize, grammar,
 # chat, server), `long` (fuzz loops, server load, interrupts, the heaviest tiny-model sweeps;
