@@ -32,9 +32,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                         "With --kl-divergence-base, saving or comparing, tokens are evaluated as decode steps (-b 1's "
                         "bits; on the CPU several per pass) unless -b is given: the decode kernels round "
                         "activations to 8 bits as llama.cpp does, "
-                        "so the figures are llama-perplexity's (the batched prefill's float tiles measure less "
-                        "damage; it is about twice as fast)")
-    p.set_defaults(handler=run, batch_size=None)  # None: 512, or 1 with --kl-divergence-base
+                        "so the figures are llama-perplexity's (the batched prefill's float tiles, -b 512, "
+                        "measure less damage)")
+    p.set_defaults(handler=run, batch_size=None)  # None: 512, or decode steps with --kl-divergence-base (_session)
 
 
 def _session(args: argparse.Namespace, model, n_ctx: int):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -61,7 +62,7 @@ def chunk_logits(session, chunk: Sequence[int], bos_id: int | None,
     if bos_id is not None:
         inputs[0] = bos_id
     session.reset()
-    run = (lambda ids, all_logits=False: step_passes(session, ids, all_logits)) if as_steps else session.eval
+    run = partial(step_passes, session) if as_steps else session.eval
     run(inputs[:first])
     targets = np.asarray(chunk, dtype=np.int64)
     for start in range(first, n_ctx - 1, LOGIT_ROWS):  # position n_ctx-1 predicts nothing scored
